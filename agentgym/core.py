@@ -1,0 +1,250 @@
+"""The environment contract every AgentGym environment implements.
+
+An environment is a text-in, text-out episode runner with Gymnasium semantics:
+
+* ``reset(task_id=..., seed=..., options=...) -> (observation, info)`` starts an episode
+  on one task. The first observation states the goal.
+* ``step(action) -> (observation, reward, terminated, truncated, info)`` plays one turn.
+  ``terminated`` means the task ended (won or lost); ``truncated`` means the turn limit
+  (``max_turns``, overridable per episode with ``options={"max_turns": N}``) cut it.
+  Stepping a finished episode raises :class:`~agentgym.errors.EpisodeOver`.
+* ``info`` always carries ``task_id``, ``turn``, ``score`` (task progress in [0, 1]) and
+  ``success`` (bool), plus ``available_actions`` when the engine knows them.
+
+Subclasses implement the engine-specific hooks (``_reset``, ``_step``, task listing);
+this base class owns the bookkeeping every environment must get right the same way —
+turn counting, truncation, the done state and the ``info`` keys — so the contract holds
+for all of them. ``agentgym check-env`` verifies the same contract over HTTP.
+
+One instance runs one episode at a time and is never shared between sessions.
+"""
+
+from __future__ import annotations
+
+import abc
+import random
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from agentgym.errors import EpisodeOver, InvalidAction, UnknownTask
+
+MAX_ACTION_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task of a split: ``task_id`` is stable across machines and versions."""
+
+    task_id: str
+    split: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"task_id": self.task_id, "split": self.split, **self.meta}
+
+
+@dataclass
+class Transition:
+    """What an engine hook reports for one turn (before the base class adds bookkeeping)."""
+
+    observation: str
+    score: float
+    """Task progress in [0, 1] after this turn."""
+    won: bool = False
+    lost: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Engine-specific info keys, merged into ``info``."""
+
+
+class TextEnv(abc.ABC):
+    """Base class of all text environments. See the module docstring for the contract."""
+
+    name: ClassVar[str]
+    version: ClassVar[str] = "0.1.0"
+    description: ClassVar[str] = ""
+    action_format: ClassVar[str] = "free text"
+    reward_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
+    default_max_turns: ClassVar[int] = 30
+
+    def __init__(self, *, max_turns: int | None = None) -> None:
+        self.max_turns = max_turns or self.default_max_turns
+        self._task: Task | None = None
+        self._turn = 0
+        self._score = 0.0
+        self._done = True
+        self._episode_max_turns = self.max_turns
+        self._last_observation = ""
+        self._last_info: dict[str, Any] = {}
+
+    # ----- what subclasses implement -------------------------------------------------
+
+    @abc.abstractmethod
+    def splits(self) -> dict[str, int]:
+        """Number of tasks in each split, e.g. ``{"train": 200, "test": 50}``."""
+
+    @abc.abstractmethod
+    def tasks(self, split: str) -> list[Task]:
+        """The fixed, ordered task list of ``split`` (raise UnknownTask for a bad split)."""
+
+    @abc.abstractmethod
+    def instruction(self) -> str:
+        """What an agent needs to know to act: the task family, the action syntax."""
+
+    @abc.abstractmethod
+    def _reset(self, task: Task, seed: int | None, options: dict[str, Any]) -> Transition:
+        """Start ``task``; return the first observation (which states the goal)."""
+
+    @abc.abstractmethod
+    def _step(self, action: str) -> Transition:
+        """Apply one already-validated action to the running episode."""
+
+    def available_actions(self) -> list[str] | None:
+        """Actions valid now, where the engine knows them; ``None`` otherwise."""
+        return None
+
+    def expert_action(self) -> str | None:
+        """The oracle's next action, where the engine can give one; ``None`` otherwise."""
+        return None
+
+    def warm_up(self) -> None:
+        """Start any slow preparation shared by all instances (e.g. generating game files)
+        in the background and return at once. Servers call it on the catalog instance at
+        start-up; it must be safe to call more than once."""
+
+    def close(self) -> None:
+        """Free the engine. Idempotent."""
+
+    # ----- the contract, implemented once ------------------------------------------
+
+    def task(self, task_id: str) -> Task:
+        """Look a task up by id in any split."""
+        for split in self.splits():
+            for task in self.tasks(split):
+                if task.task_id == task_id:
+                    return task
+        raise UnknownTask(f"unknown task id {task_id!r} for env {self.name!r}")
+
+    def task_at(self, split: str, index: int) -> Task:
+        tasks = self.tasks(split)
+        if not 0 <= index < len(tasks):
+            raise UnknownTask(f"split {split!r} has {len(tasks)} tasks; index {index} is out of range")
+        return tasks[index]
+
+    def reset(
+        self,
+        *,
+        task_id: str | None = None,
+        seed: int | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> tuple[str, dict[str, Any]]:
+        """Start an episode on ``task_id`` (or, without one, a task of ``options["split"]``,
+        default ``train``, drawn with ``seed``)."""
+        options = dict(options or {})
+        task = self._choose_task(task_id, seed, options)
+        self._episode_max_turns = int(options.get("max_turns") or self.max_turns)
+        transition = self._reset(task, seed, options)
+        self._task, self._turn, self._done = task, 0, False
+        self._score = transition.score
+        return self._record(transition, truncated=False)[0], self._last_info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Play one turn. Reward is the gain in task score, so an episode's rewards sum
+        to its final score."""
+        if self._task is None:
+            raise EpisodeOver("no episode has started; reset first")
+        if self._done:
+            raise EpisodeOver("the episode is over; reset to start a new one")
+        action = self.validate_action(action)
+        transition = self._step(action)
+        self._turn += 1
+        reward = transition.score - self._score
+        self._score = transition.score
+        terminated = transition.won or transition.lost
+        truncated = not terminated and self._turn >= self._episode_max_turns
+        self._done = terminated or truncated
+        observation, info = self._record(transition, truncated)
+        return observation, reward, terminated, truncated, info
+
+    @staticmethod
+    def validate_action(action: object) -> str:
+        if not isinstance(action, str):
+            raise InvalidAction(f"action must be a string, got {type(action).__name__}")
+        action = action.strip()
+        if not action:
+            raise InvalidAction("action is empty")
+        if len(action) > MAX_ACTION_CHARS:
+            raise InvalidAction(f"action is longer than {MAX_ACTION_CHARS} characters")
+        return action
+
+    @property
+    def current_task(self) -> Task | None:
+        return self._task
+
+    @property
+    def turn(self) -> int:
+        return self._turn
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    @property
+    def last_observation(self) -> str:
+        return self._last_observation
+
+    @property
+    def last_info(self) -> dict[str, Any]:
+        return self._last_info
+
+    def metadata(self) -> dict[str, Any]:
+        """The body of ``GET /metadata``."""
+        return {
+            "name": self.name,
+            "version": self.version,
+            "description": self.description,
+            "instruction": self.instruction(),
+            "action_format": self.action_format,
+            "splits": self.splits(),
+            "max_turns": self.max_turns,
+            "reward_range": list(self.reward_range),
+        }
+
+    def _choose_task(self, task_id: str | None, seed: int | None, options: dict[str, Any]) -> Task:
+        if task_id is not None:
+            return self.task(task_id)
+        split = options.get("split", "train")
+        if split not in self.splits():
+            raise UnknownTask(f"unknown split {split!r}; splits are {sorted(self.splits())}")
+        if "index" in options:
+            return self.task_at(split, int(options["index"]))
+        return random.Random(seed).choice(self.tasks(split))
+
+    def _record(self, transition: Transition, truncated: bool) -> tuple[str, dict[str, Any]]:
+        assert self._task is not None
+        info: dict[str, Any] = {
+            **transition.extra,
+            "task_id": self._task.task_id,
+            "turn": self._turn,
+            "score": transition.score,
+            "success": transition.won,
+            "won": transition.won,
+            "lost": transition.lost,
+            "truncated": truncated,
+            "max_turns": self._episode_max_turns,
+        }
+        actions = self.available_actions()
+        if actions is not None:
+            info["available_actions"] = actions
+        # The oracle's next move travels in info (harness-side data, never shown to the agent by
+        # our rollouts) so plain REST users can replay expert episodes and collect demonstrations.
+        expert = None if self._done else self.expert_action()
+        if expert is not None:
+            info["expert_action"] = expert
+        self._last_observation, self._last_info = transition.observation, info
+        return transition.observation, info
+
+    def __enter__(self) -> TextEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

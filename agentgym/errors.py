@@ -1,0 +1,129 @@
+"""Errors shared by environments, servers and clients.
+
+Every error the wire API can return has one exception class here with its HTTP status
+and machine-readable ``code``. Servers turn them into ``{"error": {"code", "message"}}``;
+clients turn that body back into the same class, so callers catch one type whether the
+environment runs in-process or behind HTTP.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class AgentGymError(Exception):
+    """Base class: ``status`` is the HTTP status, ``code`` the stable error code."""
+
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "internal_error"
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+
+    def to_body(self) -> dict:
+        return {"error": {"code": self.code, "message": self.message}}
+
+
+class InvalidPayload(AgentGymError):
+    """The request body is not valid JSON or not an object."""
+
+    status = 400
+    code = "invalid_payload"
+
+
+class InvalidAction(AgentGymError):
+    """The action is empty, too long, or not something the environment can parse."""
+
+    status = 400
+    code = "invalid_action"
+
+
+class UnknownSession(AgentGymError):
+    status = 404
+    code = "session_not_found"
+
+
+class UnknownTask(AgentGymError):
+    status = 404
+    code = "task_not_found"
+
+
+class UnknownEnv(AgentGymError):
+    status = 404
+    code = "env_not_found"
+
+
+class NotFound(AgentGymError):
+    """A route that does not exist."""
+
+    status = 404
+    code = "not_found"
+
+
+class EpisodeOver(AgentGymError):
+    """``step`` was called after the episode terminated or was truncated; reset first."""
+
+    status = 409
+    code = "episode_over"
+
+
+class PayloadTooLarge(AgentGymError):
+    status = 413
+    code = "payload_too_large"
+
+
+class SchemaError(AgentGymError):
+    """Fields are missing, of the wrong type, or not allowed."""
+
+    status = 422
+    code = "validation_error"
+
+
+class AtCapacity(AgentGymError):
+    """The server holds its maximum number of sessions; retry after ``retry_after`` s."""
+
+    status = 429
+    code = "at_capacity"
+
+
+class Unauthorized(AgentGymError):
+    status = 401
+    code = "unauthorized"
+
+
+class EngineError(AgentGymError):
+    """The environment engine failed; the session that hit it is closed."""
+
+    status = 503
+    code = "engine_error"
+
+
+ERRORS_BY_CODE: dict[str, type[AgentGymError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidPayload,
+        InvalidAction,
+        UnknownSession,
+        UnknownTask,
+        UnknownEnv,
+        NotFound,
+        EpisodeOver,
+        PayloadTooLarge,
+        SchemaError,
+        AtCapacity,
+        Unauthorized,
+        EngineError,
+    )
+}
+
+
+def error_from_body(status: int, body: object, retry_after: float | None = None) -> AgentGymError:
+    """Rebuild the exception a server sent (used by the clients)."""
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict) and error.get("code") in ERRORS_BY_CODE:
+        return ERRORS_BY_CODE[error["code"]](str(error.get("message", "")), retry_after=retry_after)
+    exc = AgentGymError(f"HTTP {status}: {body!r}"[:500], retry_after=retry_after)
+    exc.status = status  # type: ignore[misc]  # keep the real status on the generic error
+    return exc

@@ -1,0 +1,180 @@
+"""Env-server overhead: steps/s and p50/p99 step latency at 1, 16 and 64 concurrent
+sessions, over HTTP against the same environment stepped in-process; then server RSS
+across 1,000 episodes.
+
+    python bench/server.py [--env textworld] [--seconds 20] [--episodes 1000] [--json out.json]
+
+The server runs as a separate process (`agentgym serve`), as in production; the load
+generator is one asyncio process. Every session plays expert episodes of the test split
+back to back (reset when one ends), so steps are real game moves. Figures go to
+bench/RESULTS.md by hand, with the machine they were measured on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import psutil
+from agentgym.servers.launcher import start_server_process, wait_healthy
+
+from agentgym import make
+from agentgym.client import AsyncEnvClient
+
+
+@dataclass
+class Figures:
+    mode: str
+    sessions: int
+    steps: int
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.steps / self.seconds
+
+
+def percentile(samples: list[float], q: float) -> float:
+    return statistics.quantiles(samples, n=100, method="inclusive")[q - 1] * 1000 if len(samples) > 1 else 0.0
+
+
+def in_process(env_name: str, task_ids: list[str], sessions: int, seconds: float) -> Figures:
+    """Step ``sessions`` env instances round-robin in one thread: the no-server ceiling."""
+    envs = [make(env_name) for _ in range(sessions)]
+    infos = [env.reset(task_id=task_ids[i % len(task_ids)])[1] for i, env in enumerate(envs)]
+    latencies: list[float] = []
+    deadline = time.perf_counter() + seconds
+    start = time.perf_counter()
+    while time.perf_counter() < deadline:
+        for i, env in enumerate(envs):
+            t0 = time.perf_counter()
+            _, _, terminated, truncated, infos[i] = env.step(infos[i].get("expert_action", "look"))
+            latencies.append(time.perf_counter() - t0)
+            if terminated or truncated:
+                infos[i] = env.reset(task_id=task_ids[i % len(task_ids)])[1]
+    elapsed = time.perf_counter() - start
+    for env in envs:
+        env.close()
+    return Figures(
+        "in-process", sessions, len(latencies), elapsed, percentile(latencies, 50), percentile(latencies, 99)
+    )
+
+
+async def over_http(url: str, task_ids: list[str], sessions: int, seconds: float) -> Figures:
+    latencies: list[float] = []
+
+    async def session_loop(client: AsyncEnvClient, task_id: str, deadline: float) -> None:
+        created = await client.create(task_id)
+        session_id, info = created.session_id, created.info
+        while time.perf_counter() < deadline:
+            t0 = time.perf_counter()
+            result = await client.step(session_id, info.get("expert_action", "look"))
+            latencies.append(time.perf_counter() - t0)
+            info = result.info
+            if result.terminated or result.truncated:
+                info = (await client.reset(session_id, task_id)).info
+        await client.delete(session_id)
+
+    async with AsyncEnvClient(url, max_connections=sessions) as client:
+        start = time.perf_counter()
+        deadline = start + seconds
+        await asyncio.gather(
+            *(session_loop(client, task_ids[i % len(task_ids)], deadline) for i in range(sessions))
+        )
+        elapsed = time.perf_counter() - start
+    return Figures(
+        "http", sessions, len(latencies), elapsed, percentile(latencies, 50), percentile(latencies, 99)
+    )
+
+
+async def episodes_rss(url: str, pid: int, task_ids: list[str], episodes: int, concurrency: int = 8) -> dict:
+    """Create, play to the end and delete ``episodes`` sessions; RSS before, peak, after."""
+    process = psutil.Process(pid)
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(episodes):
+        queue.put_nowait(i)
+    peak = 0
+
+    async def worker(client: AsyncEnvClient) -> None:
+        nonlocal peak
+        while not queue.empty():
+            i = queue.get_nowait()
+            created = await client.create(task_ids[i % len(task_ids)])
+            info = created.info
+            while "expert_action" in info:
+                info = (await client.step(created.session_id, info["expert_action"])).info
+            await client.delete(created.session_id)
+            peak = max(peak, process.memory_info().rss)
+
+    async with AsyncEnvClient(url) as client:
+        await asyncio.gather(*(worker(client) for _ in range(min(concurrency, 64))))  # warm-up pass
+        baseline = process.memory_info().rss
+        for i in range(episodes):
+            queue.put_nowait(i)
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+        elapsed = time.perf_counter() - start
+        after = process.memory_info().rss
+    mib = 1024 * 1024
+    return {
+        "episodes": episodes,
+        "seconds": round(elapsed, 1),
+        "rss_baseline_mib": round(baseline / mib, 1),
+        "rss_peak_mib": round(peak / mib, 1),
+        "rss_after_mib": round(after / mib, 1),
+        "growth_mib": round((after - baseline) / mib, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--env", default="textworld")
+    parser.add_argument("--seconds", type=float, default=20.0, help="measuring time per configuration")
+    parser.add_argument("--sessions", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--episodes", type=int, default=1000, help="episodes for the RSS check (0 skips)")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args()
+
+    server = start_server_process(args.env, extra_args=["--log-level", "warning", "--max-sessions", "256"])
+    try:
+        wait_healthy(server.url, 300, server.process)
+        task_ids = asyncio.run(_test_task_ids(server.url))
+        rows = []
+        for sessions in args.sessions:
+            local = in_process(args.env, task_ids, sessions, args.seconds)
+            remote = asyncio.run(over_http(server.url, task_ids, sessions, args.seconds))
+            rows.append((local, remote))
+            print(
+                f"{sessions:>3} sessions | in-process {local.steps_per_s:7.1f} steps/s p50 {local.p50_ms:6.2f} ms"
+                f" p99 {local.p99_ms:6.2f} ms | http {remote.steps_per_s:7.1f} steps/s p50 {remote.p50_ms:6.2f}"
+                f" ms p99 {remote.p99_ms:6.2f} ms | http/in-process {remote.steps_per_s / local.steps_per_s:5.1%}"
+                f" | added p50 {remote.p50_ms - local.p50_ms:+.2f} ms",
+                flush=True,
+            )
+        memory = (
+            asyncio.run(episodes_rss(server.url, server.process.pid, task_ids, args.episodes))
+            if args.episodes
+            else None
+        )
+        if memory:
+            print(f"RSS over {memory['episodes']} episodes ({memory['seconds']} s): {memory}", flush=True)
+    finally:
+        server.stop()
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"rows": [[asdict(a), asdict(b)] for a, b in rows], "memory": memory}, fh, indent=2)
+
+
+async def _test_task_ids(url: str) -> list[str]:
+    async with AsyncEnvClient(url) as client:
+        return [task.task_id for task in (await client.tasks(split="test", limit=10_000)).tasks]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Environments: one sub-package each, registered in agentgym.registry."""

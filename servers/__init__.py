@@ -1,0 +1,1 @@
+"""The HTTP layer: app factory, session manager, AgentGym-compatible routes, launcher."""

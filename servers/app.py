@@ -1,0 +1,245 @@
+"""The app factory: any registered environment behind wire API v1 (+ AgentGym routes).
+
+``create_app(ServerConfig(env="textworld"))`` returns a FastAPI app. One *catalog*
+instance of the environment answers ``/metadata`` and ``/tasks``; every session gets
+its own fresh instance from the registry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentgym.servers.compat import compat_router
+from agentgym.servers.metrics import CONTENT_TYPE, ServerMetrics
+from agentgym.servers.middleware import BearerTokenMiddleware, BodySizeLimitMiddleware
+from agentgym.servers.sessions import SessionManager
+from fastapi import FastAPI, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from agentgym import registry
+from agentgym.core import TextEnv
+from agentgym.errors import AgentGymError, InvalidPayload, NotFound, SchemaError, UnknownTask
+from agentgym.wire import (
+    CreateSessionRequest,
+    ErrorResponse,
+    Health,
+    Metadata,
+    ResetRequest,
+    ResetResult,
+    SessionCreated,
+    SessionState,
+    StepRequest,
+    StepResult,
+    TaskList,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerConfig:
+    """Everything one env server needs. Every field has a CLI flag on ``agentgym serve``."""
+
+    env: str
+    """Registered environment name."""
+    env_config: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for the environment's constructor."""
+    max_sessions: int = 64
+    """Live sessions at most; more creates get 429 with Retry-After."""
+    ttl: float = 600.0
+    """Idle seconds after which a session is closed and its engine freed."""
+    token: str | None = None
+    """When set, every route but /health needs ``Authorization: Bearer <token>``."""
+    max_body_bytes: int = 64 * 1024
+    """Larger request bodies get 413."""
+    engine_threads: int = 16
+    """Threads that run blocking engine calls."""
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse} for status in (400, 404, 409, 413, 422, 429, 503)
+}
+
+
+def create_app(config: ServerConfig) -> FastAPI:
+    catalog = registry.make(config.env, **config.env_config)
+    sessions = SessionManager(
+        lambda: registry.make(config.env, **config.env_config),
+        max_sessions=config.max_sessions,
+        ttl=config.ttl,
+        engine_threads=config.engine_threads,
+    )
+    metrics = ServerMetrics(config.env, sessions)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        catalog.warm_up()
+        await sessions.start()
+        yield
+        await sessions.shutdown()
+        catalog.close()
+
+    app = FastAPI(
+        title=f"AgentGym env server: {config.env}",
+        version=catalog.version,
+        description=catalog.description,
+        lifespan=lifespan,
+        responses=ERROR_RESPONSES,
+    )
+    app.state.sessions, app.state.catalog, app.state.metrics = sessions, catalog, metrics
+    _install_error_handlers(app)
+    _install_metrics_middleware(app, metrics)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_body_bytes)
+    if config.token:
+        app.add_middleware(BearerTokenMiddleware, token=config.token)
+    app.include_router(_v1_router(config, catalog, sessions, metrics))
+    app.include_router(compat_router(catalog, sessions))
+    return app
+
+
+def _v1_router(config: ServerConfig, catalog: TextEnv, sessions: SessionManager, metrics: ServerMetrics):
+    from fastapi import APIRouter
+
+    router = APIRouter(tags=["v1"])
+
+    @router.get("/health", response_model=Health)
+    async def health() -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "env": config.env,
+            "sessions": len(sessions),
+            "capacity": sessions.max_sessions,
+        }
+
+    @router.get("/metadata", response_model=Metadata)
+    async def metadata() -> dict[str, Any]:
+        return catalog.metadata()
+
+    @router.get("/tasks", response_model=TaskList)
+    async def tasks(
+        split: str | None = None,
+        offset: int = Query(0, ge=0),
+        limit: int = Query(100, ge=1, le=10_000),
+    ) -> dict[str, Any]:
+        splits = catalog.splits()
+        if split is not None and split not in splits:
+            raise UnknownTask(f"unknown split {split!r}; splits are {sorted(splits)}")
+        chosen = [t for s in ([split] if split else splits) for t in catalog.tasks(s)]
+        return {"tasks": [t.to_dict() for t in chosen[offset : offset + limit]], "total": len(chosen)}
+
+    @router.post("/sessions", status_code=201, response_model=SessionCreated)
+    async def create_session(body: CreateSessionRequest | None = None) -> dict[str, Any]:
+        session = await sessions.open()
+        try:
+            observation, info = await sessions.call(session, session.env.reset, **_reset_kwargs(body))
+        except BaseException:
+            with contextlib.suppress(AgentGymError):
+                await sessions.close(session.session_id)
+            raise
+        return {"session_id": session.session_id, "observation": observation, "info": info}
+
+    @router.post("/sessions/{session_id}/reset", response_model=ResetResult)
+    async def reset_session(session_id: str, body: ResetRequest | None = None) -> dict[str, Any]:
+        session = sessions.get(session_id)
+        observation, info = await sessions.call(session, session.env.reset, **_reset_kwargs(body))
+        return {"observation": observation, "info": info}
+
+    @router.post("/sessions/{session_id}/step", response_model=StepResult)
+    async def step_session(session_id: str, body: StepRequest) -> dict[str, Any]:
+        session = sessions.get(session_id)
+        observation, reward, terminated, truncated, info = await sessions.call(
+            session, session.env.step, body.action
+        )
+        if terminated or truncated:
+            metrics.episode_finished(terminated, bool(info.get("success")))
+        return {
+            "observation": observation,
+            "reward": reward,
+            "terminated": terminated,
+            "truncated": truncated,
+            "info": info,
+        }
+
+    @router.get("/sessions/{session_id}", response_model=SessionState)
+    async def get_session(session_id: str) -> dict[str, Any]:
+        return sessions.get(session_id).state()
+
+    @router.delete("/sessions/{session_id}", status_code=204, response_class=Response)
+    async def delete_session(session_id: str) -> Response:
+        await sessions.close(session_id)
+        return Response(status_code=204)
+
+    @router.get("/metrics", response_class=Response)
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    return router
+
+
+def _reset_kwargs(body: CreateSessionRequest | ResetRequest | None) -> dict[str, Any]:
+    """Map a create/reset body onto ``TextEnv.reset`` keyword arguments."""
+    if body is None:
+        return {}
+    options = dict(body.options or {})
+    if body.split is not None:
+        options["split"] = body.split
+    if body.index is not None:
+        options["index"] = body.index
+    return {"task_id": body.task_id, "seed": body.seed, "options": options}
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    def error_response(exc: AgentGymError) -> JSONResponse:
+        headers = {"Retry-After": str(max(1, round(exc.retry_after)))} if exc.retry_after else None
+        return JSONResponse(exc.to_body(), status_code=exc.status, headers=headers)
+
+    @app.exception_handler(AgentGymError)
+    async def on_agentgym_error(_: Request, exc: AgentGymError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        if any(_is_unparseable_body(e) for e in errors):
+            return error_response(InvalidPayload("request body is not a JSON object"))
+        return error_response(SchemaError("; ".join(_describe(e) for e in errors)))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            return error_response(NotFound(f"no such route: {exc.detail}"))
+        body = {"error": {"code": f"http_{exc.status_code}", "message": str(exc.detail)}}
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return JSONResponse({"error": {"code": "internal_error", "message": str(exc)}}, status_code=500)
+
+
+def _is_unparseable_body(error: dict[str, Any]) -> bool:
+    """Malformed JSON, or a body that is not an object (text, a list, a bare number)."""
+    whole_body = tuple(error.get("loc", ())) == ("body",)
+    return error.get("type") == "json_invalid" or (whole_body and error.get("type") != "missing")
+
+
+def _describe(error: dict[str, Any]) -> str:
+    location = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
+    return f"{location or 'body'}: {error.get('msg', 'invalid')}"
+
+
+def _install_metrics_middleware(app: FastAPI, metrics: ServerMetrics) -> None:
+    @app.middleware("http")
+    async def observe(request: Request, call_next):  # type: ignore[no-untyped-def]
+        start = time.perf_counter()
+        response = await call_next(request)
+        route = getattr(request.scope.get("route"), "path", "unmatched")
+        metrics.observe(route, request.method, response.status_code, time.perf_counter() - start)
+        return response

@@ -1,0 +1,128 @@
+"""Start env servers: in a background thread (tests, notebooks) or as subprocesses
+(``agentgym up``), and wait until their ``/health`` answers."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import httpx
+import uvicorn
+from agentgym.servers.app import ServerConfig, create_app
+from fastapi import FastAPI
+
+DEFAULT_PORTS = {"textworld": 8101, "webshop": 8102, "search": 8103, "sciworld": 8104}
+"""Ports ``agentgym up`` gives the built-in environments; others get the next free port."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def wait_healthy(url: str, timeout: float = 120.0, process: subprocess.Popen | None = None) -> None:
+    """Poll ``url/health`` until it answers 200; fail early if ``process`` died."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"server process exited with code {process.returncode} before {url} was up")
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"{url}/health did not answer within {timeout:.0f}s")
+
+
+@contextlib.contextmanager
+def serve_in_thread(
+    app_or_config: FastAPI | ServerConfig, host: str = "127.0.0.1", port: int | None = None
+) -> Iterator[str]:
+    """Run an env server (an app, or the app of a config) in a daemon thread; yield its URL."""
+    app = create_app(app_or_config) if isinstance(app_or_config, ServerConfig) else app_or_config
+    port = port or free_port(host)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name=f"agentgym-server-{port}", daemon=True)
+    thread.start()
+    url = f"http://{host}:{port}"
+    try:
+        wait_healthy(url)
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+@dataclass
+class ServerProcess:
+    env: str
+    url: str
+    process: subprocess.Popen
+    log_path: str | None = None
+    extra_args: list[str] = field(default_factory=list)
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGINT (uvicorn's graceful shutdown), then SIGKILL if it hangs."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def start_server_process(
+    env: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    extra_args: list[str] | None = None,
+    log_path: str | None = None,
+) -> ServerProcess:
+    """Launch ``agentgym serve ENV`` as a child process (not yet waited for)."""
+    port = port or free_port(host)
+    cmd = [sys.executable, "-m", "agentgym.cli", "serve", env, "--host", host, "--port", str(port)]
+    cmd += extra_args or []
+    log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - handed to the child
+    process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+    return ServerProcess(env, f"http://{host}:{port}", process, log_path, extra_args or [])
+
+
+@contextlib.contextmanager
+def serve_processes(
+    envs: list[str], host: str = "127.0.0.1", log_dir: str | None = None, timeout: float = 180.0
+) -> Iterator[list[ServerProcess]]:
+    """Start one server process per env, wait until all are healthy, stop them all on exit."""
+    servers: list[ServerProcess] = []
+    try:
+        for env in envs:
+            port = DEFAULT_PORTS.get(env) if _port_free(host, DEFAULT_PORTS.get(env)) else None
+            log_path = os.path.join(log_dir, f"{env}.log") if log_dir else None
+            servers.append(start_server_process(env, host=host, port=port, log_path=log_path))
+        for server in servers:
+            wait_healthy(server.url, timeout, server.process)
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def _port_free(host: str, port: int | None) -> bool:
+    if port is None:
+        return False
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True

@@ -1,0 +1,1 @@
+"""Training: algorithms as pure functions, schedules, the trainer loop (issue 4)."""
