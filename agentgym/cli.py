@@ -54,7 +54,9 @@ def require_env(name: str) -> None:
 @app.command()
 def serve(
     env: Annotated[str, typer.Argument(help="Registered environment name (see `agentgym envs`).")],
-    host: Annotated[str, typer.Option(help="Interface to bind; 0.0.0.0 exposes it to the network.")] = "127.0.0.1",
+    host: Annotated[
+        str, typer.Option(help="Interface to bind; 0.0.0.0 exposes it to the network.")
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
     max_sessions: Annotated[int, typer.Option(min=1, help="Live sessions at most (429 beyond).")] = 64,
     ttl: Annotated[float, typer.Option(min=1, help="Idle seconds before a session is closed.")] = 600.0,
@@ -72,17 +74,23 @@ def serve(
     import uvicorn
 
     from agentgym.servers.app import ServerConfig, create_app
+    from agentgym.servers.launcher import KEEP_ALIVE_S
 
     require_env(env)
     config = ServerConfig(
-        env=env, env_config=parse_settings(settings), max_sessions=max_sessions, ttl=ttl, token=token,
-        max_body_bytes=max_body_bytes, engine_threads=engine_threads,
+        env=env,
+        env_config=parse_settings(settings),
+        max_sessions=max_sessions,
+        ttl=ttl,
+        token=token,
+        max_body_bytes=max_body_bytes,
+        engine_threads=engine_threads,
     )
     try:
         application = create_app(config)
     except TypeError as exc:  # a --set key the environment's constructor does not take
         raise fail(f"bad setting for {env!r}: {exc}", EXIT_USAGE) from None
-    uvicorn.run(application, host=host, port=port, log_level=log_level)
+    uvicorn.run(application, host=host, port=port, log_level=log_level, timeout_keep_alive=KEEP_ALIVE_S)
 
 
 @app.command()
@@ -102,7 +110,9 @@ def up(
     with console.status(f"starting {', '.join(chosen)} ..."):
         stack = contextlib.ExitStack()
         try:
-            servers = stack.enter_context(serve_processes(chosen, host=host, log_dir=log_dir, timeout=timeout))
+            servers = stack.enter_context(
+                serve_processes(chosen, host=host, log_dir=log_dir, timeout=timeout)
+            )
         except (RuntimeError, TimeoutError) as exc:
             stack.close()
             raise fail(f"{exc} (see the logs in {log_dir}/)") from None

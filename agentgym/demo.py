@@ -21,7 +21,9 @@ console = Console()
 def play_expert_episode(url: str, split: str = "test", index: int = 0) -> bool:
     with EnvClient(url) as client:
         meta = client.metadata()
-        console.print(f"[bold]{meta.name}[/] v{meta.version}: splits {meta.splits}, max {meta.max_turns} turns")
+        console.print(
+            f"[bold]{meta.name}[/] v{meta.version}: splits {meta.splits}, max {meta.max_turns} turns"
+        )
         created = client.create(split=split, index=index)
         info = created.info
         console.print(Panel(created.observation.strip(), title=f"task {info['task_id']}"))
@@ -30,7 +32,9 @@ def play_expert_episode(url: str, split: str = "test", index: int = 0) -> bool:
                 action = info["expert_action"]
                 result = client.step(created.session_id, action)
                 info = result.info
-                console.print(f"[cyan]> {action}[/]   reward {result.reward:+.2f}   score {info['score']:.2f}")
+                console.print(
+                    f"[cyan]> {action}[/]   reward {result.reward:+.2f}   score {info['score']:.2f}"
+                )
                 console.print(result.observation.strip(), style="dim")
                 if result.terminated or result.truncated:
                     break

@@ -20,10 +20,10 @@ import time
 from dataclasses import asdict, dataclass
 
 import psutil
-from agentgym.servers.launcher import start_server_process, wait_healthy
 
 from agentgym import make
 from agentgym.client import AsyncEnvClient
+from agentgym.servers.launcher import start_server_process, wait_healthy
 
 
 @dataclass

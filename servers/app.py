@@ -14,10 +14,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentgym.servers.compat import compat_router
-from agentgym.servers.metrics import CONTENT_TYPE, ServerMetrics
-from agentgym.servers.middleware import BearerTokenMiddleware, BodySizeLimitMiddleware
-from agentgym.servers.sessions import SessionManager
 from fastapi import FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -26,6 +22,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from agentgym import registry
 from agentgym.core import TextEnv
 from agentgym.errors import AgentGymError, InvalidPayload, NotFound, SchemaError, UnknownTask
+from agentgym.servers.compat import compat_router
+from agentgym.servers.metrics import CONTENT_TYPE, ServerMetrics
+from agentgym.servers.middleware import BearerTokenMiddleware, BodySizeLimitMiddleware
+from agentgym.servers.sessions import SessionManager
 from agentgym.wire import (
     CreateSessionRequest,
     ErrorResponse,

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentgym.servers.sessions import Session, SessionManager
 from fastapi import APIRouter, Query
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictStr
 
 from agentgym.core import Task, TextEnv
 from agentgym.errors import SchemaError, UnknownTask
+from agentgym.servers.sessions import Session, SessionManager
 
 
 class _CompatBody(BaseModel):

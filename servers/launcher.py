@@ -16,8 +16,13 @@ from dataclasses import dataclass, field
 
 import httpx
 import uvicorn
-from agentgym.servers.app import ServerConfig, create_app
 from fastapi import FastAPI
+
+from agentgym.servers.app import ServerConfig, create_app
+
+KEEP_ALIVE_S = 65
+"""Server-side idle keep-alive. Clients (httpx: 5 s) must drop idle connections first;
+equal timeouts race, and a request sent on a connection the server is closing fails."""
 
 DEFAULT_PORTS = {"textworld": 8101, "webshop": 8102, "search": 8103, "sciworld": 8104}
 """Ports ``agentgym up`` gives the built-in environments; others get the next free port."""
@@ -49,7 +54,8 @@ def serve_in_thread(
     """Run an env server (an app, or the app of a config) in a daemon thread; yield its URL."""
     app = create_app(app_or_config) if isinstance(app_or_config, ServerConfig) else app_or_config
     port = port or free_port(host)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_keep_alive=KEEP_ALIVE_S)
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"agentgym-server-{port}", daemon=True)
     thread.start()
     url = f"http://{host}:{port}"

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from agentgym.servers.sessions import SessionManager
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from agentgym.servers.sessions import SessionManager
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

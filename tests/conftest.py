@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+
 from agentgym.servers.app import ServerConfig
 from agentgym.servers.launcher import serve_in_thread
 

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
-from agentgym.servers.app import ServerConfig, create_app
-from agentgym.servers.launcher import serve_in_thread
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentgym import make
 from agentgym.client import AsyncEnvClient, EnvClient
+from agentgym.servers.app import ServerConfig, create_app
+from agentgym.servers.launcher import serve_in_thread
 
 
 def play_expert(http: httpx.Client, session_id: str, info: dict) -> list[dict]:
@@ -42,11 +43,12 @@ def test_expert_episode_over_plain_http(textworld_url: str) -> None:
 
 
 @pytest.fixture
-def finished_session(textworld_url: str) -> str:
+def finished_session(textworld_url: str) -> Iterator[str]:
     with httpx.Client(base_url=textworld_url, timeout=60) as http:
         body = http.post("/sessions", json={"split": "test", "index": 0}).json()
         play_expert(http, body["session_id"], body["info"])
-        return body["session_id"]
+        yield body["session_id"]
+        http.delete(f"/sessions/{body['session_id']}")
 
 
 BAD_REQUESTS = [
@@ -211,9 +213,10 @@ def test_64_concurrent_sessions_have_no_cross_talk(textworld_url: str) -> None:
         async with AsyncEnvClient(textworld_url) as client:
             return await asyncio.gather(*(play(client, task_ids[i % len(task_ids)]) for i in range(64)))
 
+    sessions_before = httpx.get(f"{textworld_url}/health").json()["sessions"]
     for i, transcript in enumerate(asyncio.run(main())):
         assert transcript == reference[task_ids[i % len(task_ids)]]
-    assert httpx.get(f"{textworld_url}/health").json()["sessions"] == 0
+    assert httpx.get(f"{textworld_url}/health").json()["sessions"] == sessions_before
 
 
 def expert_transcript_in_process(task_id: str) -> list[str]:

@@ -1,0 +1,79 @@
+"""The `agentgym` command line, run as a user would (real subprocesses for `up`/`serve`)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import psutil
+from typer.testing import CliRunner
+
+from agentgym.cli import app
+from agentgym.servers.launcher import start_server_process, wait_healthy
+
+runner = CliRunner()
+
+
+def test_unknown_env_is_a_usage_error() -> None:
+    for args in (["serve", "no-such-env"], ["up", "no-such-env"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2
+        assert "unknown environment 'no-such-env'" in result.output
+        assert "textworld" in result.output  # the message lists what is registered
+
+
+def test_bad_setting_is_a_usage_error() -> None:
+    assert runner.invoke(app, ["serve", "textworld", "--set", "nonsense"]).exit_code == 2
+    result = runner.invoke(app, ["serve", "textworld", "--set", "no_such_knob=1"])
+    assert result.exit_code == 2 and "no_such_knob" in result.output
+
+
+def test_envs_lists_registered_and_running() -> None:
+    result = runner.invoke(app, ["envs"])
+    assert result.exit_code == 0 and "textworld" in result.output
+
+
+def test_serve_process_answers_and_stops_on_sigint() -> None:
+    server = start_server_process("textworld", extra_args=["--log-level", "warning"])
+    try:
+        wait_healthy(server.url, 120, server.process)
+        assert httpx.get(f"{server.url}/health").json()["env"] == "textworld"
+    finally:
+        assert server.stop() == 0
+
+
+def test_up_starts_servers_prints_urls_and_stops_them_on_ctrl_c(tmp_path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentgym.cli", "up", "textworld", "--log-dir", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    try:
+        output = ""
+        deadline = time.monotonic() + 180
+        while "Ctrl-C" not in output and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            output += line
+        urls = re.findall(r"http://127\.0\.0\.1:\d+", output)
+        assert urls, output
+        assert httpx.get(f"{urls[0]}/health").json()["env"] == "textworld"
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert children
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, output + rest
+        assert "all servers stopped" in rest
+        _, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive
+    finally:
+        if proc.poll() is None:
+            proc.kill()
