@@ -41,16 +41,22 @@ class InvalidAction(AgentGymError):
 
 
 class UnknownSession(AgentGymError):
+    """No such session: never created, deleted, expired after its idle TTL, or closed by an engine failure."""
+
     status = 404
     code = "session_not_found"
 
 
 class UnknownTask(AgentGymError):
+    """No such task id, split, or index within the split."""
+
     status = 404
     code = "task_not_found"
 
 
 class UnknownEnv(AgentGymError):
+    """No environment registered under that name."""
+
     status = 404
     code = "env_not_found"
 
@@ -70,6 +76,8 @@ class EpisodeOver(AgentGymError):
 
 
 class PayloadTooLarge(AgentGymError):
+    """The request body exceeds the server's ``--max-body-bytes``."""
+
     status = 413
     code = "payload_too_large"
 
@@ -89,6 +97,8 @@ class AtCapacity(AgentGymError):
 
 
 class Unauthorized(AgentGymError):
+    """The server requires a bearer token and the request lacked the right one."""
+
     status = 401
     code = "unauthorized"
 

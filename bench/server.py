@@ -5,15 +5,19 @@ across 1,000 episodes.
     python bench/server.py [--env textworld] [--seconds 20] [--episodes 1000] [--json out.json]
 
 The server runs as a separate process (`agentgym serve`), as in production; the load
-generator is one asyncio process. Every session plays expert episodes of the test split
-back to back (reset when one ends), so steps are real game moves. Figures go to
-bench/RESULTS.md by hand, with the machine they were measured on.
+generator is one asyncio process. Throughput and latency measure steps alone: each
+session starts one test task with an unbounded turn limit and alternates `look` and
+`inventory`, real engine steps (the engine recomputes the admissible commands and the
+expert's plan every turn) that never end the episode, so reset cost stays out of the
+step figures. The RSS check plays whole expert episodes (create, play, delete). Figures
+go to bench/RESULTS.md by hand, with the machine they were measured on.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import statistics
 import time
@@ -24,6 +28,9 @@ import psutil
 from agentgym import make
 from agentgym.client import AsyncEnvClient
 from agentgym.servers.launcher import start_server_process, wait_healthy
+
+ENDLESS = {"max_turns": 10**9}
+ACTIONS = ("look", "inventory")
 
 
 @dataclass
@@ -47,17 +54,16 @@ def percentile(samples: list[float], q: float) -> float:
 def in_process(env_name: str, task_ids: list[str], sessions: int, seconds: float) -> Figures:
     """Step ``sessions`` env instances round-robin in one thread: the no-server ceiling."""
     envs = [make(env_name) for _ in range(sessions)]
-    infos = [env.reset(task_id=task_ids[i % len(task_ids)])[1] for i, env in enumerate(envs)]
+    for i, env in enumerate(envs):
+        env.reset(task_id=task_ids[i % len(task_ids)], options=ENDLESS)
     latencies: list[float] = []
     deadline = time.perf_counter() + seconds
     start = time.perf_counter()
     while time.perf_counter() < deadline:
-        for i, env in enumerate(envs):
+        for env in envs:
             t0 = time.perf_counter()
-            _, _, terminated, truncated, infos[i] = env.step(infos[i].get("expert_action", "look"))
+            env.step(ACTIONS[env.turn % 2])
             latencies.append(time.perf_counter() - t0)
-            if terminated or truncated:
-                infos[i] = env.reset(task_id=task_ids[i % len(task_ids)])[1]
     elapsed = time.perf_counter() - start
     for env in envs:
         env.close()
@@ -67,27 +73,25 @@ def in_process(env_name: str, task_ids: list[str], sessions: int, seconds: float
 
 
 async def over_http(url: str, task_ids: list[str], sessions: int, seconds: float) -> Figures:
+    """Open ``sessions`` sessions first, then step them all concurrently for ``seconds``."""
     latencies: list[float] = []
 
-    async def session_loop(client: AsyncEnvClient, task_id: str, deadline: float) -> None:
-        created = await client.create(task_id)
-        session_id, info = created.session_id, created.info
-        while time.perf_counter() < deadline:
+    async def step_until(client: AsyncEnvClient, session_id: str, deadline: float) -> None:
+        for turn in itertools.count():
+            if time.perf_counter() >= deadline:
+                return
             t0 = time.perf_counter()
-            result = await client.step(session_id, info.get("expert_action", "look"))
+            await client.step(session_id, ACTIONS[turn % 2])
             latencies.append(time.perf_counter() - t0)
-            info = result.info
-            if result.terminated or result.truncated:
-                info = (await client.reset(session_id, task_id)).info
-        await client.delete(session_id)
 
     async with AsyncEnvClient(url, max_connections=sessions) as client:
-        start = time.perf_counter()
-        deadline = start + seconds
-        await asyncio.gather(
-            *(session_loop(client, task_ids[i % len(task_ids)], deadline) for i in range(sessions))
+        created = await asyncio.gather(
+            *(client.create(task_ids[i % len(task_ids)], options=ENDLESS) for i in range(sessions))
         )
+        start = time.perf_counter()
+        await asyncio.gather(*(step_until(client, c.session_id, start + seconds) for c in created))
         elapsed = time.perf_counter() - start
+        await asyncio.gather(*(client.delete(c.session_id) for c in created))
     return Figures(
         "http", sessions, len(latencies), elapsed, percentile(latencies, 50), percentile(latencies, 99)
     )

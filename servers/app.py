@@ -111,6 +111,7 @@ def _v1_router(config: ServerConfig, catalog: TextEnv, sessions: SessionManager,
 
     @router.get("/health", response_model=Health)
     async def health() -> dict[str, Any]:
+        """Liveness and load: live sessions and capacity. Never needs the bearer token."""
         return {
             "status": "ok",
             "env": config.env,
@@ -120,6 +121,7 @@ def _v1_router(config: ServerConfig, catalog: TextEnv, sessions: SessionManager,
 
     @router.get("/metadata", response_model=Metadata)
     async def metadata() -> dict[str, Any]:
+        """What the environment is: instruction for agents, action format, split sizes, turn limit."""
         return catalog.metadata()
 
     @router.get("/tasks", response_model=TaskList)
@@ -128,6 +130,7 @@ def _v1_router(config: ServerConfig, catalog: TextEnv, sessions: SessionManager,
         offset: int = Query(0, ge=0),
         limit: int = Query(100, ge=1, le=10_000),
     ) -> dict[str, Any]:
+        """The fixed task lists, one split or all (split after split), paged by offset/limit."""
         splits = catalog.splits()
         if split is not None and split not in splits:
             raise UnknownTask(f"unknown split {split!r}; splits are {sorted(splits)}")
@@ -136,6 +139,7 @@ def _v1_router(config: ServerConfig, catalog: TextEnv, sessions: SessionManager,
 
     @router.post("/sessions", status_code=201, response_model=SessionCreated)
     async def create_session(body: CreateSessionRequest | None = None) -> dict[str, Any]:
+        """Open a session with its own engine and start an episode; 429 when at capacity."""
         session = await sessions.open()
         try:
             observation, info = await sessions.call(session, session.env.reset, **_reset_kwargs(body))
@@ -147,12 +151,19 @@ def _v1_router(config: ServerConfig, catalog: TextEnv, sessions: SessionManager,
 
     @router.post("/sessions/{session_id}/reset", response_model=ResetResult)
     async def reset_session(session_id: str, body: ResetRequest | None = None) -> dict[str, Any]:
+        """Start a new episode in the session: on the task chosen as for create, or, when the
+        body names none (no task_id, split or index), on the session's current task again."""
         session = sessions.get(session_id)
-        observation, info = await sessions.call(session, session.env.reset, **_reset_kwargs(body))
+        kwargs = _reset_kwargs(body)
+        current = session.env.current_task
+        if current and not (body and (body.task_id or body.split or body.index is not None)):
+            kwargs["task_id"] = current.task_id
+        observation, info = await sessions.call(session, session.env.reset, **kwargs)
         return {"observation": observation, "info": info}
 
     @router.post("/sessions/{session_id}/step", response_model=StepResult)
     async def step_session(session_id: str, body: StepRequest) -> dict[str, Any]:
+        """Play one action. 409 once the episode terminated or was truncated."""
         session = sessions.get(session_id)
         observation, reward, terminated, truncated, info = await sessions.call(
             session, session.env.step, body.action
@@ -169,15 +180,18 @@ def _v1_router(config: ServerConfig, catalog: TextEnv, sessions: SessionManager,
 
     @router.get("/sessions/{session_id}", response_model=SessionState)
     async def get_session(session_id: str) -> dict[str, Any]:
+        """The session's task, turn, done flag and last observation and info."""
         return sessions.get(session_id).state()
 
     @router.delete("/sessions/{session_id}", status_code=204, response_class=Response)
     async def delete_session(session_id: str) -> Response:
+        """Close the session and free its engine."""
         await sessions.close(session_id)
         return Response(status_code=204)
 
     @router.get("/metrics", response_class=Response)
     async def prometheus_metrics() -> Response:
+        """Prometheus text: requests and latency by route, sessions, finished episodes."""
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     return router

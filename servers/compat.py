@@ -54,11 +54,13 @@ def compat_router(catalog: TextEnv, sessions: SessionManager) -> APIRouter:
 
     @router.post("/create")
     async def create() -> Any:
+        """Open a session with no episode yet; answers its integer id in this env's dialect."""
         session = await sessions.open()
         return create_response(session.compat_id)
 
     @router.post("/reset")
     async def reset(body: CompatReset) -> dict[str, Any]:
+        """Start task number ``data_idx`` (all splits in /metadata order) in session ``id``."""
         session = session_for(body.id)
         task = _task_by_data_idx(catalog, body.data_idx)
         observation, info = await sessions.call(session, session.env.reset, task_id=task.task_id)
@@ -73,6 +75,7 @@ def compat_router(catalog: TextEnv, sessions: SessionManager) -> APIRouter:
 
     @router.post("/step")
     async def step(body: CompatStep) -> dict[str, Any]:
+        """Play one action; ``done`` is terminated or truncated."""
         session = session_for(body.id)
         observation, reward, terminated, truncated, info = await sessions.call(
             session, session.env.step, body.action
@@ -87,15 +90,18 @@ def compat_router(catalog: TextEnv, sessions: SessionManager) -> APIRouter:
 
     @router.get("/observation")
     async def observation(id: int | None = Query(None), env_idx: int | None = Query(None)) -> str:
+        """The last observation of session ``id`` (or ``env_idx``)."""
         return session_for(_either(id, env_idx)).env.last_observation
 
     @router.get("/available_actions")
     async def available_actions(id: int | None = Query(None), env_idx: int | None = Query(None)) -> list[str]:
+        """The actions valid now in session ``id`` (or ``env_idx``)."""
         session = session_for(_either(id, env_idx))
         return await sessions.call(session, lambda: session.env.available_actions() or [])
 
     @router.post("/close")
     async def close(body: _CompatBody) -> dict[str, Any]:
+        """Close session ``id`` and free its engine."""
         await sessions.close(session_for(body.id).session_id)
         return {"closed": True, "id": body.id}
 

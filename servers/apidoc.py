@@ -1,0 +1,102 @@
+"""Render the wire API reference (docs/api.md) from the server's OpenAPI spec.
+
+    python -m agentgym.servers.apidoc > docs/api.md
+
+A test fails when docs/api.md no longer matches, so the reference cannot drift.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentgym.errors import ERRORS_BY_CODE
+from agentgym.servers.app import ServerConfig, create_app
+
+HEADER = """\
+# Wire API v1 reference
+
+Generated from the OpenAPI spec by `python -m agentgym.servers.apidoc`; do not edit by
+hand. Every env server serves the live spec at `/openapi.json` and a browsable UI at
+`/docs`. JSON in, JSON out; request bodies reject unknown fields (422).
+"""
+
+
+def render(spec: dict[str, Any]) -> str:
+    lines = [
+        HEADER,
+        "## Errors",
+        "",
+        'Every error is `{"error": {"code": ..., "message": ...}}`.',
+        "",
+        "| status | code | meaning |",
+        "| --- | --- | --- |",
+    ]
+    for code, cls in sorted(ERRORS_BY_CODE.items(), key=lambda item: (item[1].status, item[0])):
+        meaning = " ".join((cls.__doc__ or code.replace("_", " ")).split())
+        lines.append(f"| {cls.status} | `{code}` | {meaning} |")
+    lines.append(
+        "\n429 answers carry `Retry-After` (seconds). 401 only when the server runs with `--token`.\n"
+    )
+    for tag in ("v1", "agentgym-compat"):
+        lines.append("## Routes: " + ("wire API v1" if tag == "v1" else "AgentGym-compatible"))
+        lines.append("")
+        for path, methods in spec["paths"].items():
+            for method, operation in methods.items():
+                if tag in operation.get("tags", []):
+                    lines += _operation(spec, method, path, operation)
+    lines.append("## Schemas\n")
+    for name, schema in spec["components"]["schemas"].items():
+        if name in ("HTTPValidationError", "ValidationError"):
+            continue
+        lines += _schema(name, schema)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _operation(spec: dict[str, Any], method: str, path: str, operation: dict[str, Any]) -> list[str]:
+    lines = [f"### `{method.upper()} {path}`", ""]
+    if operation.get("description"):
+        lines += [" ".join(operation["description"].split()), ""]
+    params = [p for p in operation.get("parameters", []) if p["in"] == "query"]
+    if params:
+        lines.append(
+            "Query: " + ", ".join(f"`{p['name']}` ({_type(spec, p['schema'])})" for p in params) + "."
+        )
+    body = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
+    if body:
+        lines.append(f"Body: {_type(spec, body)}.")
+    ok = {code: r for code, r in operation["responses"].items() if code.startswith("2")}
+    for code, response in ok.items():
+        schema = response.get("content", {}).get("application/json", {}).get("schema")
+        lines.append(f"Returns {code}" + (f": {_type(spec, schema)}." if schema else "."))
+    return [*lines, ""]
+
+
+def _schema(name: str, schema: dict[str, Any]) -> list[str]:
+    lines = [f"### {name}", ""]
+    if schema.get("description"):
+        lines += [" ".join(schema["description"].split()), ""]
+    required = set(schema.get("required", []))
+    lines += ["| field | type | required |", "| --- | --- | --- |"]
+    for field, prop in schema.get("properties", {}).items():
+        lines.append(f"| `{field}` | {_type({}, prop)} | {'yes' if field in required else 'no'} |")
+    return [*lines, ""]
+
+
+def _type(spec: dict[str, Any], schema: dict[str, Any]) -> str:
+    if "$ref" in schema:
+        return f"[{schema['$ref'].rsplit('/', 1)[-1]}](#{schema['$ref'].rsplit('/', 1)[-1].lower()})"
+    if "anyOf" in schema:
+        return " or ".join(_type(spec, option) for option in schema["anyOf"])
+    if schema.get("type") == "array":
+        return f"array of {_type(spec, schema.get('items', {}))}"
+    if schema.get("type") == "object" and isinstance(schema.get("additionalProperties"), dict):
+        return f"object of {_type(spec, schema['additionalProperties'])}"
+    return str(schema.get("type", "any"))
+
+
+def main() -> None:
+    print(render(create_app(ServerConfig(env="textworld")).openapi()), end="")
+
+
+if __name__ == "__main__":
+    main()
