@@ -126,7 +126,7 @@ def run_checks(url: str, *, token: str | None = None, task_id: str | None = None
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=TIMEOUT_S)
-    except (httpx.InvalidURL, ValueError) as exc:
+    except httpx.InvalidURL as exc:
         return [CheckResult("server reachable", False, f"bad URL {url!r}: {exc}")]
     with http:
         reachable = _reachable(http, url)
@@ -142,7 +142,7 @@ def run_checks(url: str, *, token: str | None = None, task_id: str | None = None
 def _reachable(http: httpx.Client, url: str) -> CheckResult:
     try:
         response = http.get("/health")
-    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+    except httpx.HTTPError as exc:
         return CheckResult("server reachable", False, f"cannot reach {url}: {type(exc).__name__}: {exc}")
     return CheckResult("server reachable", True, f"GET /health answered {response.status_code}")
 
@@ -264,7 +264,7 @@ def check_health(run: _Run) -> str:
     return f"env {body['env']!r}, status {body['status']!r}, {body['sessions']}/{body['capacity']} sessions"
 
 
-@check("auth", applies=lambda run: run.token is not None)
+@check("auth", applies=lambda run: bool(run.token))
 def check_auth(run: _Run) -> str:
     response = httpx.get(f"{run.http.base_url}/metadata", timeout=TIMEOUT_S)
     return "without the token: " + _error(response, 401, "unauthorized")

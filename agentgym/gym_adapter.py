@@ -99,6 +99,7 @@ class AgentGymEnv(gym.Env[str, str]):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
+        """Start an episode (task chosen as in the class docstring); return ``(observation, info)``."""
         super().reset(seed=seed)
         if seed is None:
             seed = int(self.np_random.integers(SEED_BOUND))
@@ -115,6 +116,7 @@ class AgentGymEnv(gym.Env[str, str]):
         return created.observation, created.info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Play one action; server errors raise :mod:`agentgym.errors` (e.g. ``EpisodeOver``)."""
         if self._session_id is None:
             raise gym.error.ResetNeeded("call reset() before step()")
         result = self._client.step(self._session_id, action)
