@@ -142,10 +142,21 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="measuring time per configuration")
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--episodes", type=int, default=1000, help="episodes for the RSS check (0 skips)")
+    parser.add_argument("--engine-threads", type=int, default=16, help="the server's --engine-threads")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
 
-    server = start_server_process(args.env, extra_args=["--log-level", "warning", "--max-sessions", "256"])
+    server = start_server_process(
+        args.env,
+        extra_args=[
+            "--log-level",
+            "warning",
+            "--max-sessions",
+            "256",
+            "--engine-threads",
+            str(args.engine_threads),
+        ],
+    )
     try:
         wait_healthy(server.url, 300, server.process)
         task_ids = asyncio.run(_test_task_ids(server.url))
