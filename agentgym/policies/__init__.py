@@ -1,0 +1,1 @@
+"""Policies: hf (local transformers), openai (any chat-completions endpoint), vllm (GPU), expert."""
