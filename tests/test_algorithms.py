@@ -1,0 +1,174 @@
+"""Every advantage and loss pinned to values computed by hand (shown in the comments)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from agentgym.trainers.algorithms import (
+    BapoConfig,
+    ClipConfig,
+    aggregate,
+    bapo_bounds,
+    clipped_surrogate,
+    dynamic_sampling_keep,
+    entropy_from_logits,
+    grpo_advantages,
+    kl_k3,
+    policy_loss,
+    positive_share,
+    reinforce_pp_advantages,
+    rloo_advantages,
+)
+from agentgym.trainers.schedules import FixedHorizon, ScalingInterHorizon
+
+T = torch.tensor
+REWARDS = T([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
+GROUPS = T([0, 0, 0, 0, 1, 1])
+
+
+def test_grpo_advantages_by_hand() -> None:
+    # group 0: mean 0.5, sample std sqrt(4*0.25/3) = 0.57735 -> ±0.5/0.57735 = ±0.86603
+    # group 1: all equal -> 0 / (0 + eps) = 0
+    adv = grpo_advantages(REWARDS, GROUPS)
+    assert torch.allclose(adv, T([0.86603, -0.86603, -0.86603, 0.86603, 0.0, 0.0]), atol=1e-4)
+    assert torch.allclose(
+        grpo_advantages(REWARDS, GROUPS, normalize_std=False), T([0.5, -0.5, -0.5, 0.5, 0, 0])
+    )
+
+
+def test_rloo_advantages_by_hand() -> None:
+    # R_0 = 1, others in group 0: (0+0+1)/3 -> 1 - 1/3 = 0.6667; R_1 = 0 -> 0 - 2/3 = -0.6667
+    adv = rloo_advantages(REWARDS, GROUPS)
+    assert torch.allclose(adv, T([2 / 3, -2 / 3, -2 / 3, 2 / 3, 0.0, 0.0]), atol=1e-6)
+    assert rloo_advantages(T([3.0]), T([7])).item() == 0.0  # singleton group: no baseline, no signal
+
+
+def test_reinforce_pp_advantages_by_hand() -> None:
+    # rewards [1, 0, 0, 1, 1, 1]: mean 2/3, population std sqrt(2/9) = 0.4714
+    adv = reinforce_pp_advantages(REWARDS)
+    assert torch.allclose(adv, T([0.7071, -1.4142, -1.4142, 0.7071, 0.7071, 0.7071]), atol=1e-4)
+    # baseline variant: group-centred [0.5,-0.5,-0.5,0.5,0,0]; mean 0, population std sqrt(1/6)
+    adv = reinforce_pp_advantages(REWARDS, GROUPS)
+    scale = math.sqrt(6)
+    assert torch.allclose(adv, T([0.5, -0.5, -0.5, 0.5, 0, 0]) * scale, atol=1e-4)
+
+
+def test_dynamic_sampling_drops_groups_with_equal_rewards() -> None:
+    assert dynamic_sampling_keep(REWARDS, GROUPS).tolist() == [True, True, True, True, False, False]
+
+
+def test_aggregation_modes_by_hand() -> None:
+    loss = T([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    mask = T([[1, 1, 1], [1, 0, 0]])
+    assert aggregate(loss, mask, "token-mean").item() == pytest.approx((1 + 2 + 3 + 4) / 4)
+    assert aggregate(loss, mask, "seq-mean").item() == pytest.approx((2.0 + 4.0) / 2)
+    with pytest.raises(ValueError, match="unknown aggregation"):
+        aggregate(loss, mask, "sum")
+
+
+def test_k3_kl_and_entropy_by_hand() -> None:
+    # delta = ref - logp = log(0.5): exp(delta) - delta - 1 = 0.5 + 0.693147 - 1 = 0.193147
+    assert kl_k3(T([0.0]), T([math.log(0.5)])).item() == pytest.approx(0.193147, abs=1e-6)
+    assert kl_k3(T([-1.0]), T([-1.0])).item() == 0.0
+    # uniform over 4 -> ln 4
+    assert entropy_from_logits(torch.zeros(1, 4)).item() == pytest.approx(math.log(4), abs=1e-6)
+
+
+def ratios_to_logps(ratios: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
+    """logp/old_logp pairs with exactly these ratios (old logp fixed at log 0.5)."""
+    old = torch.full((1, len(ratios)), math.log(0.5))
+    return old + torch.log(T([ratios])), old
+
+
+def test_ppo_clip_loss_by_hand() -> None:
+    # ratios [0.5, 1.0, 1.5], A = +1 on every token:
+    # min(r, clip(r, 0.8, 1.2)) = [0.5, 1.0, 1.2] -> loss = -(0.5 + 1.0 + 1.2)/3 = -0.9
+    logp, old = ratios_to_logps([0.5, 1.0, 1.5])
+    mask = torch.ones(1, 3)
+    loss, stats = policy_loss("ppo", logp, old, T([1.0]), mask)
+    assert loss.item() == pytest.approx(-0.9, abs=1e-6)
+    assert stats.clip_frac_high == pytest.approx(1 / 3) and stats.clip_frac_low == 0.0
+    # A = -1: -min(-r, -clip(r)) = max(r, clip(r)) = [0.8, 1.0, 1.5] -> mean 1.1
+    loss, stats = policy_loss("ppo", logp, old, T([-1.0]), mask)
+    assert loss.item() == pytest.approx(1.1, abs=1e-6)
+    assert stats.clip_frac_low == pytest.approx(1 / 3) and stats.clip_frac_high == 0.0
+
+
+def test_clip_higher_loss_by_hand() -> None:
+    # DAPO: bounds [0.8, 1.28]; ratios [0.5, 1.0, 1.5], A=+1 -> [0.5, 1.0, 1.28] -> -0.926667
+    logp, old = ratios_to_logps([0.5, 1.0, 1.5])
+    loss, _ = policy_loss("clip-higher", logp, old, T([1.0]), torch.ones(1, 3), clip=ClipConfig(0.2, 0.28))
+    assert loss.item() == pytest.approx(-(0.5 + 1.0 + 1.28) / 3, abs=1e-6)
+
+
+def test_gradient_flows_only_through_unclipped_tokens() -> None:
+    logp, old = ratios_to_logps([0.5, 1.0, 1.5])
+    logp.requires_grad_(True)
+    loss, _ = clipped_surrogate(logp, old, T([1.0]), torch.ones(1, 3), clip_low=0.8, clip_high=1.2)
+    loss.backward()
+    # d/dlogp of -(r)/3 = -r/3 for unclipped tokens; 0 where clipped (r=1.5 > 1.2)
+    assert torch.allclose(logp.grad, T([[-0.5 / 3, -1.0 / 3, 0.0]]), atol=1e-6)
+
+
+def test_positive_share_counts_only_gradient_carrying_tokens() -> None:
+    # bounds [0.6, 1.2]:  A=+1 r=1.0 -> P 1.0 | A=+1 r=2.0 clipped | A=-1 r=0.5 clipped
+    #                      A=-1 r=1.0 -> N 1.0 | A=-2 r=0.8 -> N 1.6   => rho = 1 / (1 + 2.6)
+    ratio = T([[1.0, 2.0, 0.5, 1.0, 0.8]])
+    adv = T([[1.0, 1.0, -1.0, -1.0, -2.0]])
+    rho = positive_share(ratio, adv, torch.ones(1, 5), 0.6, 1.2)
+    assert rho.item() == pytest.approx(1 / 3.6, abs=1e-6)
+    masked = positive_share(ratio, adv, T([[1, 1, 1, 0, 0]]), 0.6, 1.2)  # only agent tokens count
+    assert masked.item() == pytest.approx(1.0)
+
+
+def test_bapo_raises_c_high_until_rho_reaches_target() -> None:
+    # A=+1 r=1.0 (P 1) | A=+1 r=1.43 (clipped until c_high >= 1.43) | A=-1 r=1.0 (N 1) | A=-1 r=0.7 (N 0.7)
+    # start rho = 1/2.7 = 0.37 < 0.5; c_high 1.25, 1.30, 1.35, 1.40, 1.45 admits r=1.43:
+    # rho = 2.43 / 4.13 = 0.588 >= 0.5 -> stop at c_high = 1.45, c_low untouched.
+    logp, old = ratios_to_logps([1.0, 1.43, 1.0, 0.7])
+    adv = T([[1.0, 1.0, -1.0, -1.0]])
+    c_low, c_high, rho = bapo_bounds(logp, old, adv, torch.ones(1, 4), BapoConfig(rho0=0.5))
+    assert c_low == pytest.approx(0.6)
+    assert c_high == pytest.approx(1.45)
+    assert rho == pytest.approx(2.43 / 4.13, abs=1e-5)
+
+
+def test_bapo_then_raises_c_low_when_c_high_is_exhausted() -> None:
+    # A=+1 r=1.0 (P 1) | A=-1 r=1.0 (N 1) | A=-1 r=0.75 (N 0.75 until c_low > 0.75); b+ = 1.3.
+    # Raising c_high to 1.3 admits nothing; then c_low 0.62 ... 0.76 drops r=0.75: rho = 1/2 -> stop.
+    logp, old = ratios_to_logps([1.0, 1.0, 0.75])
+    adv = T([[1.0, -1.0, -1.0]])
+    c_low, c_high, rho = bapo_bounds(logp, old, adv, torch.ones(1, 3), BapoConfig(rho0=0.5, high_max=1.3))
+    assert (c_low, c_high) == (pytest.approx(0.76), pytest.approx(1.3))
+    assert rho == pytest.approx(0.5, abs=1e-6)
+
+
+def test_bapo_stops_when_both_bounds_are_exhausted() -> None:
+    # A=-1 r=0.95 stays active for any c_low <= b- = 0.9: rho stuck at 1/2.95 -> bounds end at (b-, b+).
+    logp, old = ratios_to_logps([1.0, 1.0, 0.95])
+    adv = T([[1.0, -1.0, -1.0]])
+    c_low, c_high, rho = bapo_bounds(logp, old, adv, torch.ones(1, 3), BapoConfig(rho0=0.5, high_max=1.3))
+    assert (c_low, c_high) == (pytest.approx(0.9), pytest.approx(1.3))
+    assert rho == pytest.approx(1 / 2.95, abs=1e-5)
+
+
+def test_bapo_keeps_start_bounds_when_balanced() -> None:
+    logp, old = ratios_to_logps([1.0, 1.0])
+    c_low, c_high, rho = bapo_bounds(logp, old, T([[1.0, -0.5]]), torch.ones(1, 2))
+    assert (c_low, c_high) == (0.6, 1.2) and rho == pytest.approx(1 / 1.5)
+    loss, stats = policy_loss("bapo", logp, old, T([[1.0, -0.5]]), torch.ones(1, 2))
+    assert (stats.clip_low, stats.clip_high) == (0.6, 1.2)
+    assert loss.item() == pytest.approx(-(1.0 - 0.5) / 2)
+
+
+def test_horizon_schedules() -> None:
+    assert [FixedHorizon(7).horizon_at(t) for t in (1, 100, 10_000)] == [7, 7, 7]
+    schedule = ScalingInterHorizon(rounds=[10, 20, 30], interval=100)
+    assert [schedule.horizon_at(t) for t in (1, 100, 101, 200, 201, 10_000)] == [10, 10, 20, 20, 30, 30]
+    with pytest.raises(ValueError):
+        ScalingInterHorizon(rounds=[], interval=5)
+    with pytest.raises(ValueError):
+        schedule.horizon_at(0)
