@@ -18,6 +18,7 @@ EnvFactory = Callable[..., TextEnv]
 
 _BUILTIN: dict[str, str] = {
     "textworld": "agentgym.envs.textworld:TextWorldEnv",
+    "choice": "agentgym.envs.choice:ChoiceEnv",
 }
 
 _registry: dict[str, EnvFactory | str] = dict(_BUILTIN)

@@ -1,0 +1,94 @@
+"""``choice``: a one-turn task with one correct action among several.
+
+Every task shows the same question with its options in a task-specific order; exactly
+one option is right (the same one in every task), so the best policy is learnable from
+reward alone and a uniform guess succeeds 1/k of the time. It exists to test that a
+trainer really learns (chance -> ~100%) in minutes on a CPU, and as a fast smoke test.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, ClassVar
+
+from agentgym.core import Task, TextEnv, Transition
+from agentgym.errors import UnknownTask
+
+DEFAULT_OPTIONS = ("red", "green", "blue", "yellow")
+SPLIT_SEEDS = {"train": 0, "test": 1_000_000}
+"""Train and test tasks use disjoint seeds for their option orders."""
+
+
+class ChoiceEnv(TextEnv):
+    """Args:
+    options: the options shown (in a per-task order).
+    answer: the correct option (default: the third, ``blue``).
+    n_train / n_test: tasks per split.
+    """
+
+    name: ClassVar[str] = "choice"
+    description: ClassVar[str] = "One turn: pick the right option among several (a trainer sanity check)."
+    action_format: ClassVar[str] = "one of the listed options, as written"
+    default_max_turns: ClassVar[int] = 1
+
+    def __init__(
+        self,
+        *,
+        options: tuple[str, ...] | list[str] = DEFAULT_OPTIONS,
+        answer: str | None = None,
+        n_train: int = 64,
+        n_test: int = 32,
+        max_turns: int | None = None,
+    ) -> None:
+        super().__init__(max_turns=max_turns)
+        if len(set(options)) < 2:
+            raise ValueError("choice needs at least two distinct options")
+        self.options = tuple(options)
+        self.answer = answer or self.options[min(2, len(self.options) - 1)]
+        if self.answer not in self.options:
+            raise ValueError(f"answer {self.answer!r} is not among the options {self.options}")
+        self._tasks = {split: self._build(split, n) for split, n in (("train", n_train), ("test", n_test))}
+        self._by_id = {t.task_id: t for tasks in self._tasks.values() for t in tasks}
+        self._shown: list[str] = []
+
+    def _build(self, split: str, count: int) -> list[Task]:
+        tasks = []
+        for i in range(count):
+            seed = SPLIT_SEEDS[split] + i
+            order = random.Random(seed).sample(self.options, len(self.options))
+            tasks.append(Task(f"choice/{split}/{i}", split, {"seed": seed, "options": order}))
+        return tasks
+
+    def splits(self) -> dict[str, int]:
+        return {split: len(tasks) for split, tasks in self._tasks.items()}
+
+    def tasks(self, split: str) -> list[Task]:
+        if split not in self._tasks:
+            raise UnknownTask(f"unknown split {split!r}; splits are {sorted(self._tasks)}")
+        return list(self._tasks[split])
+
+    def task(self, task_id: str) -> Task:
+        try:
+            return self._by_id[task_id]
+        except KeyError:
+            raise UnknownTask(f"unknown task id {task_id!r} for env 'choice'") from None
+
+    def instruction(self) -> str:
+        return "You will be shown a question with options. Reply with exactly one option, as written."
+
+    def _reset(self, task: Task, seed: int | None, options: dict[str, Any]) -> Transition:
+        self._shown = list(task.meta["options"])
+        listed = ", ".join(self._shown)
+        return Transition(f"Which colour is the secret colour? Options: {listed}.", score=0.0)
+
+    def _step(self, action: str) -> Transition:
+        picked = action.strip().strip(".").lower()
+        won = picked == self.answer
+        verdict = "Correct!" if won else f"Wrong: {picked!r} is not the secret colour."
+        return Transition(verdict, score=1.0 if won else 0.0, won=won, lost=not won)
+
+    def available_actions(self) -> list[str] | None:
+        return list(self._shown) if self._shown else None
+
+    def expert_action(self) -> str | None:
+        return self.answer
