@@ -1,0 +1,105 @@
+"""Config, checkpoints, metrics log and batch/log-prob plumbing of the trainer."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from agentgym.trainers.batch import collate, token_logprobs
+from agentgym.trainers.checkpoint import MetricsLog, RunDir
+from agentgym.trainers.config import TrainConfig
+
+
+def tiny_model(seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=64,
+    )
+    return LlamaForCausalLM(config)
+
+
+def test_config_overrides_validation_and_round_trip(tmp_path) -> None:
+    config = TrainConfig().with_overrides({"steps": 3, "bapo.rho0": 0.5, "rounds": [1, 2]})
+    assert (config.steps, config.bapo.rho0, config.rounds) == (3, 0.5, [1, 2])
+    config.save(tmp_path / "config.yaml")
+    assert TrainConfig.load(tmp_path / "config.yaml") == config
+    with pytest.raises(ValueError, match="unknown config key"):
+        config.with_overrides({"bapo.nope": 1})
+    with pytest.raises(ValueError, match="unknown config keys: stepz"):
+        TrainConfig.from_dict({"stepz": 1})
+    with pytest.raises(ValueError, match="algo must be one of"):
+        TrainConfig(algo="magic")
+    with pytest.raises(ValueError, match="multiple of micro_batch_size"):
+        TrainConfig(minibatch_size=6, micro_batch_size=4)
+
+
+def test_token_logprobs_align_with_tokens() -> None:
+    model = tiny_model()
+    ids = torch.tensor([[3, 7, 11, 5, 2]])
+    logp, entropy = token_logprobs(model, ids, torch.ones_like(ids), with_entropy=True)
+    logits = model(input_ids=ids).logits[0]
+    for t in range(1, 5):  # token t is predicted from position t-1
+        expected = torch.log_softmax(logits[t - 1], -1)[ids[0, t]]
+        assert logp[0, t].item() == pytest.approx(expected.item(), abs=1e-5)
+    assert logp[0, 0] == 0 and entropy[0, 0] == 0
+    assert 0 < entropy[0, 1].item() <= math.log(50) + 1e-5
+    hot, _ = token_logprobs(model, ids, torch.ones_like(ids), temperature=2.0)
+    expected = torch.log_softmax(logits[0] / 2.0, -1)[ids[0, 1]]
+    assert hot[0, 1].item() == pytest.approx(expected.item(), abs=1e-5)
+
+
+def test_right_padding_does_not_change_logprobs() -> None:
+    model = tiny_model()
+    short = {"token_ids": [3, 7, 11], "loss_mask": [0, 1, 1], "logprobs": [-1.0, -2.0]}
+    long = {"token_ids": [4, 8, 12, 16, 20], "loss_mask": [0, 0, 1, 1, 1], "logprobs": [-1.0, -2.0, -3.0]}
+    batch = collate([short, long], [1.0, -1.0], pad_id=0)
+    assert batch.input_ids.shape == (2, 5) and batch.attention_mask[0].tolist() == [1, 1, 1, 0, 0]
+    assert batch.old_logp[0].tolist() == [0, -1.0, -2.0, 0, 0]
+    assert batch.old_logp[1].tolist() == [0, 0, -1.0, -2.0, -3.0]
+    padded, _ = token_logprobs(model, batch.input_ids, batch.attention_mask)
+    alone, _ = token_logprobs(model, torch.tensor([short["token_ids"]]), torch.ones(1, 3, dtype=torch.long))
+    assert torch.allclose(padded[0, :3], alone[0], atol=1e-5)
+    with pytest.raises(ValueError, match="one behaviour log-prob per agent token"):
+        collate([{**short, "logprobs": [-1.0]}], [1.0], pad_id=0)
+
+
+def test_checkpoint_round_trip_restores_weights_optimizer_and_rng(tmp_path) -> None:
+    model = tiny_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(input_ids=torch.tensor([[1, 2, 3]]), labels=torch.tensor([[1, 2, 3]])).loss.backward()
+    optimizer.step()
+    run = RunDir(tmp_path)
+    folder = run.save_checkpoint(1, model, optimizer, {"horizon": 4})
+    assert run.latest_checkpoint() == folder
+    expected_draw = torch.rand(3)
+
+    restored = tiny_model(seed=1)
+    restored_optimizer = torch.optim.AdamW(restored.parameters(), lr=1e-2)
+    state = RunDir.load_checkpoint(folder, restored, restored_optimizer)
+    assert state == {"step": 1, "horizon": 4}
+    for (_, a), (_, b) in zip(model.named_parameters(), restored.named_parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert restored_optimizer.state_dict()["state"][0]["step"] == 1
+    assert torch.equal(torch.rand(3), expected_draw)  # RNG continues exactly where it was saved
+
+
+def test_metrics_log_resume_drops_later_steps_and_torn_lines(tmp_path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    log = MetricsLog(path)
+    for step in (1, 2, 3):
+        log.log({"step": step, "reward": step / 10})
+    with open(path, "a") as fh:
+        fh.write('{"step": 4, "rew')  # a kill -9 mid-write
+    resumed = MetricsLog(path, resume_step=2)
+    assert [r["step"] for r in resumed.read()] == [1, 2]
+    resumed.log({"step": 3, "reward": 0.3})
+    assert [r["step"] for r in resumed.read()] == [1, 2, 3]

@@ -1,0 +1,218 @@
+"""``TrainConfig``: every knob of ``agentgym train``, one documented field each.
+
+A run's config comes from the defaults, then a YAML file (``--config``), then CLI
+overrides (``--set key=value``); the resolved config is saved as ``config.yaml`` in the run
+folder and reloaded by ``--resume``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from torch import Tensor
+
+from agentgym.trainers.algorithms import (
+    BapoConfig,
+    ClipConfig,
+    grpo_advantages,
+    reinforce_pp_advantages,
+    rloo_advantages,
+)
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """An RL algorithm = how episodes' rewards become advantages + which clipped loss."""
+
+    advantages: Any
+    """``f(rewards [B], group_ids [B]) -> advantages [B]``."""
+    loss: str
+    """``ppo`` | ``clip-higher`` | ``bapo`` (see :func:`agentgym.trainers.algorithms.policy_loss`)."""
+
+
+def _batch_whitened(rewards: Tensor, group_ids: Tensor) -> Tensor:
+    return reinforce_pp_advantages(rewards)
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    "bapo": Algorithm(grpo_advantages, "bapo"),
+    "grpo": Algorithm(grpo_advantages, "ppo"),
+    "dapo": Algorithm(grpo_advantages, "clip-higher"),
+    "rloo": Algorithm(rloo_advantages, "ppo"),
+    "reinforce++": Algorithm(reinforce_pp_advantages, "ppo"),
+    # PPO-clip without a critic: outcome rewards whitened over the batch as advantages.
+    "ppo": Algorithm(_batch_whitened, "ppo"),
+}
+"""Adding an algorithm: one pure advantage function (or loss) in algorithms.py + one line here."""
+
+RL_ALGOS = (*ALGORITHMS, "agentevol")
+
+
+@dataclass
+class TrainConfig:
+    # ----- what to train, where -------------------------------------------------------
+    algo: str = "bapo"
+    """bapo | grpo | dapo | ppo | rloo | reinforce++ | agentevol."""
+    env: str = "textworld"
+    """Registered environment name."""
+    env_url: str | None = None
+    """A running env server; ``None`` starts a local one for ``env`` and stops it at the end."""
+    env_settings: dict[str, Any] = field(default_factory=dict)
+    """Settings for the local server (``agentgym serve ENV --set``)."""
+    model: str = "smollm2-135m"
+    """Model alias, Hugging Face id or local folder."""
+    output_dir: str = ""
+    """Run folder (default ``runs/<algo>-<env>-<time>``): config, metrics, checkpoints, plot."""
+    seed: int = 0
+    """Seeds task sampling, generation and initialisation."""
+
+    # ----- parameters trained -----------------------------------------------------------
+    lora: bool = True
+    """Train LoRA adapters (peft) instead of all weights."""
+    lora_rank: int = 16
+    """LoRA rank r."""
+    lora_alpha: int = 32
+    """LoRA scaling α (the update is scaled by α/r)."""
+    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """Module names that get adapters."""
+    bf16: bool = True
+    """Use bfloat16 where the hardware supports it (CUDA); fp32 on CPU."""
+
+    # ----- rollouts ------------------------------------------------------------------
+    steps: int = 4
+    """Training steps (each: collect a batch of groups, then update)."""
+    tasks_per_step: int = 4
+    """Tasks (groups) sampled from the train split per step."""
+    group_size: int = 4
+    """Rollouts per task; advantages compare episodes within a group."""
+    concurrency: int = 16
+    """Episodes in flight at once."""
+    temperature: float = 1.0
+    """Sampling temperature of the rollouts (behaviour log-probs are taken at it)."""
+    max_new_tokens: int = 48
+    """Tokens per agent turn at most."""
+    agent_format: str = "react"
+    """How the agent writes actions: react | json."""
+
+    # ----- horizon schedule ----------------------------------------------------------
+    schedule: str = "scaling-inter"
+    """fixed | scaling-inter (ScalingInter-RL)."""
+    max_turns: int = 10
+    """Fixed schedule: turn limit at every step."""
+    rounds: list[int] = field(default_factory=lambda: [2, 4, 6])
+    """ScalingInter-RL: turn limits in order (the paper: [10, 20, 30] for TextCraft)."""
+    interval: int = 2
+    """ScalingInter-RL: steps per round, Δ (the paper: 100)."""
+
+    # ----- optimisation ----------------------------------------------------------------
+    learning_rate: float = 1e-4
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm."""
+    ppo_epochs: int = 1
+    """Passes over each collected batch (each pass is an update per minibatch)."""
+    minibatch_size: int = 16
+    """Episodes per optimizer step."""
+    micro_batch_size: int = 4
+    """Episodes per forward/backward; gradients accumulate up to ``minibatch_size``."""
+    loss_aggregation: str = "token-mean"
+    """token-mean | seq-mean."""
+    clip: ClipConfig = field(default_factory=ClipConfig)
+    """PPO / clip-higher ratio bounds."""
+    bapo: BapoConfig = field(default_factory=BapoConfig)
+    """BAPO's bound search."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL to the initial (reference) policy; 0 disables it."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus."""
+    dynamic_sampling: bool = False
+    """Drop groups whose rewards are all equal (DAPO)."""
+
+    # ----- AgentEvol and the behaviour-cloning warm start --------------------------------
+    bc_steps: int = 20
+    """Behaviour-cloning steps on expert trajectories before RL (0: none)."""
+    bc_episodes: int = 32
+    """Expert episodes collected from the train split for behaviour cloning."""
+    evol_iterations: int = 2
+    """AgentEvol: explore + learn iterations after behaviour cloning."""
+    evol_reward_threshold: float | None = None
+    """AgentEvol: keep explored episodes with reward ≥ this (filtered BC); None weighs by reward."""
+
+    # ----- bookkeeping -----------------------------------------------------------------
+    eval_every: int = 2
+    """Evaluate on held-out test tasks every N steps (0: only at the end)."""
+    eval_tasks: int = 8
+    """Test tasks per evaluation."""
+    checkpoint_every: int = 1
+    """Save a checkpoint every N steps (the last step always saves)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.clip, dict):
+            self.clip = ClipConfig(**self.clip)
+        if isinstance(self.bapo, dict):
+            self.bapo = BapoConfig(**self.bapo)
+        self.validate()
+
+    def validate(self) -> None:
+        problems = []
+        if self.algo not in RL_ALGOS:
+            problems.append(f"algo must be one of {', '.join(RL_ALGOS)}")
+        if self.schedule not in ("fixed", "scaling-inter"):
+            problems.append("schedule must be 'fixed' or 'scaling-inter'")
+        if self.loss_aggregation not in ("token-mean", "seq-mean"):
+            problems.append("loss_aggregation must be 'token-mean' or 'seq-mean'")
+        for name in (
+            "steps",
+            "tasks_per_step",
+            "group_size",
+            "minibatch_size",
+            "micro_batch_size",
+            "max_turns",
+        ):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be at least 1")
+        if self.minibatch_size % self.micro_batch_size:
+            problems.append("minibatch_size must be a multiple of micro_batch_size")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    # ----- files -------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+    @classmethod
+    def load(cls, path: str | Path) -> TrainConfig:
+        return cls.from_dict(yaml.safe_load(Path(path).read_text()) or {})
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown config keys: {', '.join(unknown)}")
+        return cls(**values)
+
+    def with_overrides(self, overrides: dict[str, Any]) -> TrainConfig:
+        """``{"bapo.rho0": 0.5, "steps": 8}`` -> a new config (dotted keys reach nested configs)."""
+        values = self.to_dict()
+        for key, value in overrides.items():
+            head, _, rest = key.partition(".")
+            if rest:
+                if not isinstance(values.get(head), dict):
+                    raise ValueError(f"unknown config key {key!r}")
+                if rest not in values[head]:
+                    raise ValueError(f"unknown config key {key!r}")
+                values[head][rest] = value
+            else:
+                values[key] = value
+        return TrainConfig.from_dict(values)
