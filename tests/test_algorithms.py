@@ -10,6 +10,7 @@ import torch
 from agentgym.trainers.algorithms import (
     BapoConfig,
     ClipConfig,
+    agentevol_weights,
     aggregate,
     bapo_bounds,
     clipped_surrogate,
@@ -21,6 +22,7 @@ from agentgym.trainers.algorithms import (
     positive_share,
     reinforce_pp_advantages,
     rloo_advantages,
+    weighted_nll,
 )
 from agentgym.trainers.schedules import FixedHorizon, ScalingInterHorizon
 
@@ -172,3 +174,13 @@ def test_horizon_schedules() -> None:
         ScalingInterHorizon(rounds=[], interval=5)
     with pytest.raises(ValueError):
         schedule.horizon_at(0)
+
+
+def test_agentevol_weights_and_weighted_nll_by_hand() -> None:
+    rewards = T([1.0, 0.5, 0.0])
+    assert agentevol_weights(rewards).tolist() == [1.0, 0.5, 0.0]
+    assert agentevol_weights(rewards, threshold=0.5).tolist() == [1.0, 1.0, 0.0]
+    logp = T([[0.0, -1.0, -2.0], [0.0, -3.0, 0.0], [0.0, -4.0, -4.0]])
+    mask = T([[0, 1, 1], [0, 1, 0], [0, 1, 1]])
+    # token-mean: (1*(1+2) + 0.5*3 + 0*(4+4)) / 5 agent tokens = 4.5/5
+    assert weighted_nll(logp, mask, T([1.0, 0.5, 0.0])).item() == pytest.approx(0.9)

@@ -240,3 +240,21 @@ def policy_loss(
     return clipped_surrogate(
         logp, old_logp, advantages, mask, clip_low=c_low, clip_high=c_high, aggregation=aggregation
     )
+
+
+# ----- AgentEvol ----------------------------------------------------------------------
+
+
+def agentevol_weights(rewards: Tensor, threshold: float | None = None) -> Tensor:
+    """AgentEvol's per-episode weights: the reward itself (the paper's reward-weighted
+    objective, rewards in [0, 1]); with ``threshold``, 1 for episodes whose reward reaches it
+    and 0 otherwise (filtered behaviour cloning, what the released code does)."""
+    if threshold is None:
+        return rewards.clamp(min=0)
+    return (rewards >= threshold).to(rewards.dtype)
+
+
+def weighted_nll(logp: Tensor, mask: Tensor, weights: Tensor, aggregation: str = "token-mean") -> Tensor:
+    """``-Σ_i w_i Σ_t log π(a_t)`` over agent tokens: behaviour cloning when every ``w_i = 1``,
+    AgentEvol's learn step with :func:`agentevol_weights`."""
+    return aggregate(-logp * weights[:, None], mask, aggregation)
