@@ -22,6 +22,8 @@ def test_right_answer_wins_and_wrong_answer_loses_in_one_turn() -> None:
     env.reset(task_id="choice/test/0")
     _, reward, terminated, _, info = env.step("Red.")
     assert (reward, terminated, info["success"], info["lost"]) == (0.0, True, False, True)
+    assert env.first_option_named("I think it is Blue, not red") == "blue"
+    assert env.first_option_named("reddish bluer") is None  # whole words only
 
 
 def test_option_orders_are_deterministic_and_splits_disjoint() -> None:

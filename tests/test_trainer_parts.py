@@ -59,8 +59,8 @@ def test_token_logprobs_align_with_tokens() -> None:
 
 def test_right_padding_does_not_change_logprobs() -> None:
     model = tiny_model()
-    short = {"token_ids": [3, 7, 11], "loss_mask": [0, 1, 1], "logprobs": [-1.0, -2.0]}
-    long = {"token_ids": [4, 8, 12, 16, 20], "loss_mask": [0, 0, 1, 1, 1], "logprobs": [-1.0, -2.0, -3.0]}
+    short = {"token_ids": [3, 7, 11], "loss_mask": [0, 1, 1], "logprobs": [0.0, -1.0, -2.0]}
+    long = {"token_ids": [4, 8, 12, 16, 20], "loss_mask": [0, 0, 1, 1, 1], "logprobs": [0, 0, -1.0, -2.0, -3.0]}
     batch = collate([short, long], [1.0, -1.0], pad_id=0)
     assert batch.input_ids.shape == (2, 5) and batch.attention_mask[0].tolist() == [1, 1, 1, 0, 0]
     assert batch.old_logp[0].tolist() == [0, -1.0, -2.0, 0, 0]
@@ -68,7 +68,7 @@ def test_right_padding_does_not_change_logprobs() -> None:
     padded, _ = token_logprobs(model, batch.input_ids, batch.attention_mask)
     alone, _ = token_logprobs(model, torch.tensor([short["token_ids"]]), torch.ones(1, 3, dtype=torch.long))
     assert torch.allclose(padded[0, :3], alone[0], atol=1e-5)
-    with pytest.raises(ValueError, match="one behaviour log-prob per agent token"):
+    with pytest.raises(ValueError, match="one entry per token"):
         collate([{**short, "logprobs": [-1.0]}], [1.0], pad_id=0)
 
 

@@ -49,9 +49,9 @@ class TokenBatch:
 
 
 def collate(trajectories: Sequence[dict[str, Any]], weights: Sequence[float], pad_id: int) -> TokenBatch:
-    """Right-pad trajectory records (``token_ids``, ``loss_mask``, ``logprobs``) into a batch.
-    ``logprobs`` holds one value per agent token, in order; records without them (expert
-    demonstrations) get zeros, which only behaviour cloning may use."""
+    """Right-pad trajectory records into a batch. ``token_ids``, ``loss_mask`` and ``logprobs``
+    have equal length (the trajectory format); ``logprobs`` matter on agent tokens only.
+    Records without them (demonstrations) get zeros, which only behaviour cloning may use."""
     length = max(len(t["token_ids"]) for t in trajectories)
     batch = len(trajectories)
     input_ids = torch.full((batch, length), pad_id, dtype=torch.long)
@@ -66,9 +66,9 @@ def collate(trajectories: Sequence[dict[str, Any]], weights: Sequence[float], pa
         loss_mask[row, :n] = mask
         logprobs = record.get("logprobs")
         if logprobs:
-            if len(logprobs) != int(mask.sum()):
-                raise ValueError("a trajectory needs one behaviour log-prob per agent token")
-            old_logp[row, :n][mask.bool()] = torch.tensor(logprobs, dtype=torch.float)
+            if len(logprobs) != n:
+                raise ValueError("a trajectory's logprobs must have one entry per token (0 off agent tokens)")
+            old_logp[row, :n] = torch.tensor(logprobs, dtype=torch.float) * mask
     return TokenBatch(
         input_ids, attention, loss_mask, old_logp, torch.tensor(list(weights), dtype=torch.float)
     )

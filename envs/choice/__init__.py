@@ -9,6 +9,7 @@ trainer really learns (chance -> ~100%) in minutes on a CPU, and as a fast smoke
 from __future__ import annotations
 
 import random
+import re
 from typing import Any, ClassVar
 
 from agentgym.core import Task, TextEnv, Transition
@@ -79,13 +80,30 @@ class ChoiceEnv(TextEnv):
     def _reset(self, task: Task, seed: int | None, options: dict[str, Any]) -> Transition:
         self._shown = list(task.meta["options"])
         listed = ", ".join(self._shown)
-        return Transition(f"Which colour is the secret colour? Options: {listed}.", score=0.0)
+        return Transition(
+            f"Which colour is the secret colour? Options: {listed}. Answer with one word.", score=0.0
+        )
 
     def _step(self, action: str) -> Transition:
-        picked = action.strip().strip(".").lower()
+        picked = self.first_option_named(action)
         won = picked == self.answer
-        verdict = "Correct!" if won else f"Wrong: {picked!r} is not the secret colour."
+        if won:
+            verdict = "Correct!"
+        elif picked is None:
+            verdict = f"Wrong: the reply names none of the options ({', '.join(self._shown)})."
+        else:
+            verdict = f"Wrong: {picked!r} is not the secret colour."
         return Transition(verdict, score=1.0 if won else 0.0, won=won, lost=not won)
+
+    def first_option_named(self, reply: str) -> str | None:
+        """The option the reply names first (whole words, any case): a chatty reply still
+        counts as a guess, so an untrained model guesses at least sometimes."""
+        found = [
+            (m.start(), option)
+            for option in self.options
+            if (m := re.search(rf"\b{re.escape(option.lower())}\b", reply.lower()))
+        ]
+        return min(found)[1] if found else None
 
     def available_actions(self) -> list[str] | None:
         return list(self._shown) if self._shown else None
