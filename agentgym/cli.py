@@ -2,20 +2,37 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 import time
-from typing import Annotated, Any
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import httpx
 import typer
 import yaml
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from agentgym import registry
 from agentgym.errors import AgentGymError
+from agentgym.trainers.cli import register as register_training_commands
+
+if TYPE_CHECKING:
+    from agentgym.policies.base import Policy
+    from agentgym.rollout import RolloutConfig
+    from agentgym.trajectory import Trajectory
 
 app = typer.Typer(
     help="AgentGym: LLM agents in interactive text environments.",
@@ -26,6 +43,7 @@ console = Console()
 err_console = Console(stderr=True)
 
 EXIT_USAGE = 2
+T = TypeVar("T")
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
@@ -172,6 +190,284 @@ def check_env(
     console.print(f"{len(results) - failed} passed, {failed} failed")
     if failed:
         raise typer.Exit(1)
+
+
+# ----- eval and collect ---------------------------------------------------------------------
+
+PolicyOpt = Annotated[str, typer.Option(help="Policy backend: hf, openai, vllm or expert.")]
+ModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Model: alias, folder or Hugging Face id (hf/vllm; default smollm2-135m), or the openai model name."
+    ),
+]
+BaseUrlOpt = Annotated[
+    str | None, typer.Option(help="OpenAI-compatible API root, e.g. http://127.0.0.1:8200/v1.")
+]
+ApiKeyOpt = Annotated[str | None, typer.Option(envvar="OPENAI_API_KEY", help="API key for --policy openai.")]
+EnvUrlOpt = Annotated[
+    str | None,
+    typer.Option("--url", help="Env server URL (default: start a local server for ENV, stop it after)."),
+]
+TokenOpt = Annotated[
+    str | None, typer.Option(envvar="AGENTGYM_TOKEN", help="Bearer token of the env server.")
+]
+TasksOpt = Annotated[
+    int | None, typer.Option("--n", min=1, help="Use the first N tasks of the split (default: all).")
+]
+MaxTurnsOpt = Annotated[
+    int | None, typer.Option(min=1, help="Agent turns per episode (default: the env's max_turns).")
+]
+ConcurrencyOpt = Annotated[int, typer.Option(min=1, help="Episodes in flight at once.")]
+TemperatureOpt = Annotated[
+    float | None, typer.Option(min=0.0, help="Sampling temperature (default: 0 if k=1, else 1).")
+]
+MaxNewTokensOpt = Annotated[int, typer.Option(min=1, help="Generated tokens per reply at most.")]
+HistoryOpt = Annotated[
+    int | None, typer.Option(min=0, help="Text backends see only the last N turns (default: all).")
+]
+
+
+def _require_policy(kind: str) -> None:
+    from agentgym.policies import POLICY_KINDS
+
+    if kind not in POLICY_KINDS:
+        raise fail(f"unknown policy {kind!r}; choose one of {', '.join(POLICY_KINDS)}", EXIT_USAGE)
+
+
+def _rollout_config(
+    agent_format: str,
+    max_turns: int | None,
+    concurrency: int,
+    temperature: float,
+    max_new_tokens: int,
+    history_turns: int | None,
+) -> RolloutConfig:
+    from agentgym.agents import FORMATS
+    from agentgym.policies.base import SamplingParams
+    from agentgym.rollout import RolloutConfig
+
+    if agent_format not in FORMATS:
+        raise fail(f"unknown agent format {agent_format!r}; formats are {', '.join(FORMATS)}", EXIT_USAGE)
+    return RolloutConfig(
+        max_turns=max_turns,
+        concurrency=concurrency,
+        sampling=SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens),
+        format=agent_format,
+        history_turns=history_turns,
+    )
+
+
+def _run_policy_job(
+    env: str,
+    url: str | None,
+    log_dir: Path,
+    token: str | None,
+    policy_args: dict[str, Any],
+    job: Callable[[str, Policy], Awaitable[T]],
+) -> T:
+    """Start the env server unless ``url`` is given, build the policy, run ``job(url,
+    policy)``, close both. Bad arguments exit with code 2, a server that fails to start with 1."""
+    from agentgym.evaluation import UsageError, build_policy, check_server, env_server
+
+    async def run(server_url: str, policy: Policy) -> T:
+        try:
+            return await job(server_url, policy)
+        finally:
+            await policy.close()
+
+    with contextlib.ExitStack() as stack:
+        with console.status(f"starting a local {env} server ..." if url is None else "connecting ..."):
+            try:
+                server_url = stack.enter_context(env_server(env, url, log_dir))
+            except (RuntimeError, TimeoutError) as exc:
+                raise fail(f"{exc} (see the logs in {log_dir}/)") from None
+        try:
+            asyncio.run(check_server(server_url, env, token))
+            with console.status(f"loading the {policy_args['kind']} policy ..."):
+                policy = build_policy(**policy_args)
+            return asyncio.run(run(server_url, policy))
+        except UsageError as exc:
+            raise fail(str(exc), EXIT_USAGE) from None
+
+
+def _episode_progress() -> tuple[Progress, Callable[[int, int], None], Callable[[Trajectory], None]]:
+    """A rich progress bar and the two callbacks that drive it."""
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+    )
+    bar = progress.add_task("episodes", total=None)
+    tally = {"success": 0, "errored": 0}
+
+    def on_plan(total: int, done: int) -> None:
+        progress.update(bar, total=total, completed=done)
+
+    def on_episode(trajectory: Trajectory) -> None:
+        tally["success"] += trajectory.success
+        tally["errored"] += trajectory.errored
+        description = f"success {tally['success']}  errors {tally['errored']}"
+        progress.update(bar, advance=1, description=description)
+
+    return progress, on_plan, on_episode
+
+
+def _results_table(results: dict[str, Any]) -> Table:
+    table = Table("metric", "value", title=f"{results['env']} / {results['split']} / {results['policy']}")
+
+    def show(value: Any) -> str:
+        if value is None:
+            return "-"
+        return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+    rows = ["episodes", "tasks", "k", "success_rate", "success_rate_excluding_errors", "mean_score"]
+    rows += [
+        "mean_turns",
+        "avg_at_k",
+        "errored",
+        "resumed",
+        "ran",
+        "episodes_per_min",
+        "generated_tokens_per_s",
+    ]
+    for key in rows:
+        table.add_row(key, show(results[key]))
+    for j, value in results["pass_at_k"].items():
+        table.add_row(f"pass@{j}", show(value))
+    if results["error_kinds"]:
+        table.add_row("error kinds", ", ".join(f"{kind} x{n}" for kind, n in results["error_kinds"].items()))
+    return table
+
+
+@app.command("eval")
+def evaluate_policy(
+    env: Annotated[str, typer.Option(help="Environment to evaluate on (see `agentgym envs`).")],
+    policy: PolicyOpt = "hf",
+    split: Annotated[str, typer.Option(help="Task split.")] = "test",
+    model: ModelOpt = None,
+    base_url: BaseUrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    n: TasksOpt = None,
+    k: Annotated[int, typer.Option(min=1, help="Samples per task (Avg@k, Pass@k).")] = 1,
+    max_turns: MaxTurnsOpt = None,
+    concurrency: ConcurrencyOpt = 8,
+    temperature: TemperatureOpt = None,
+    max_new_tokens: MaxNewTokensOpt = 128,
+    agent_format: Annotated[
+        str, typer.Option("--format", help="Reply format: react, json or plain.")
+    ] = "react",
+    history_turns: HistoryOpt = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Results folder; re-running with the same one resumes (default: a new one)."),
+    ] = None,
+    url: EnvUrlOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Evaluate a policy on a task split: success rate, score, turns, Avg@k, Pass@k."""
+    from agentgym.evaluation import RESULTS_FILE, TRAJECTORIES_FILE, EvalConfig, evaluate
+
+    require_env(env)
+    _require_policy(policy)
+    temperature = temperature if temperature is not None else (0.0 if k == 1 else 1.0)
+    rollout = _rollout_config(
+        agent_format, max_turns, concurrency, temperature, max_new_tokens, history_turns
+    )
+    out = out or Path("runs/eval") / f"{env}-{split}-{policy}-{time.strftime('%Y%m%d-%H%M%S')}"
+    config = EvalConfig(env=env, out_dir=out, split=split, n=n, k=k, rollout=rollout)
+    policy_args = {
+        "kind": policy,
+        "model": model,
+        "base_url": base_url,
+        "api_key": api_key,
+        "concurrency": concurrency,
+    }
+    progress, on_plan, on_episode = _episode_progress()
+
+    async def job(server_url: str, built: Policy) -> dict[str, Any]:
+        with progress:
+            return await evaluate(
+                server_url, built, config, token=token, on_plan=on_plan, on_episode=on_episode
+            )
+
+    results = _run_policy_job(env, url, out / "servers", token, policy_args, job)
+    console.print(_results_table(results))
+    console.print(f"results: {out / RESULTS_FILE}\ntrajectories: {out / TRAJECTORIES_FILE}")
+
+
+@app.command()
+def collect(
+    env: Annotated[str, typer.Option(help="Environment to play (see `agentgym envs`).")],
+    out: Annotated[Path, typer.Option(help="Dataset file to write (JSONL; replaced).")],
+    policy: PolicyOpt = "expert",
+    split: Annotated[str, typer.Option(help="Task split.")] = "train",
+    output_format: Annotated[
+        str, typer.Option("--format", help="trajectory (our records) or agentgym (AgentGym conversations).")
+    ] = "trajectory",
+    agent_format: Annotated[
+        str, typer.Option(help="Reply format of the agent turns: react, json or plain.")
+    ] = "react",
+    keep_failed: Annotated[
+        bool, typer.Option("--all", help="Keep failed episodes too (errored ones are never kept).")
+    ] = False,
+    model: ModelOpt = None,
+    base_url: BaseUrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    n: TasksOpt = None,
+    max_turns: MaxTurnsOpt = None,
+    concurrency: ConcurrencyOpt = 8,
+    temperature: Annotated[float, typer.Option(min=0.0, help="Sampling temperature.")] = 0.0,
+    max_new_tokens: MaxNewTokensOpt = 128,
+    url: EnvUrlOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Play every task of a split (the expert by default) and write a trajectory dataset."""
+    from agentgym.evaluation import DATASET_FORMATS, collect
+
+    require_env(env)
+    _require_policy(policy)
+    if output_format not in DATASET_FORMATS:
+        raise fail(
+            f"unknown --format {output_format!r}; choose one of {', '.join(DATASET_FORMATS)}", EXIT_USAGE
+        )
+    rollout = _rollout_config(agent_format, max_turns, concurrency, temperature, max_new_tokens, None)
+    policy_args = {
+        "kind": policy,
+        "model": model,
+        "base_url": base_url,
+        "api_key": api_key,
+        "concurrency": concurrency,
+    }
+    progress, on_plan, on_episode = _episode_progress()
+
+    async def job(server_url: str, built: Policy) -> dict[str, int]:
+        with progress:
+            return await collect(
+                server_url,
+                built,
+                env,
+                out,
+                split=split,
+                n=n,
+                rollout=rollout,
+                output_format=output_format,
+                only_success=not keep_failed,
+                token=token,
+                on_plan=on_plan,
+                on_episode=on_episode,
+            )
+
+    counts = _run_policy_job(env, url, out.parent / "servers", token, policy_args, job)
+    console.print(
+        f"wrote {counts['written']} of {counts['episodes']} episodes to {out} ({counts['errored']} errored)"
+    )
+
+
+register_training_commands(app)
 
 
 def main() -> None:

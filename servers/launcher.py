@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -100,7 +101,9 @@ def start_server_process(
     cmd = [sys.executable, "-m", "agentgym.cli", "serve", env, "--host", host, "--port", str(port)]
     cmd += extra_args or []
     log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - handed to the child
-    process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+    process = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ}, preexec_fn=_die_with_parent
+    )
     return ServerProcess(env, f"http://{host}:{port}", process, log_path, extra_args or [])
 
 
@@ -121,6 +124,17 @@ def serve_processes(
     finally:
         for server in servers:
             server.stop()
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux for SIGTERM when the parent dies, so a server
+    never outlives a launcher killed with SIGKILL (no-op elsewhere)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+PR_SET_PDEATHSIG = 1
 
 
 def _port_free(host: str, port: int | None) -> bool:

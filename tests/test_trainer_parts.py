@@ -38,6 +38,9 @@ def test_config_overrides_validation_and_round_trip(tmp_path) -> None:
         TrainConfig.from_dict({"stepz": 1})
     with pytest.raises(ValueError, match="algo must be one of"):
         TrainConfig(algo="magic")
+    assert TrainConfig().with_overrides({"learning_rate": "1e-3"}).learning_rate == 1e-3  # YAML 1.1 string
+    with pytest.raises(ValueError, match="learning_rate must be a number"):
+        TrainConfig(learning_rate="fast")
     with pytest.raises(ValueError, match="multiple of micro_batch_size"):
         TrainConfig(minibatch_size=6, micro_batch_size=4)
 
@@ -60,7 +63,11 @@ def test_token_logprobs_align_with_tokens() -> None:
 def test_right_padding_does_not_change_logprobs() -> None:
     model = tiny_model()
     short = {"token_ids": [3, 7, 11], "loss_mask": [0, 1, 1], "logprobs": [0.0, -1.0, -2.0]}
-    long = {"token_ids": [4, 8, 12, 16, 20], "loss_mask": [0, 0, 1, 1, 1], "logprobs": [0, 0, -1.0, -2.0, -3.0]}
+    long = {
+        "token_ids": [4, 8, 12, 16, 20],
+        "loss_mask": [0, 0, 1, 1, 1],
+        "logprobs": [0, 0, -1.0, -2.0, -3.0],
+    }
     batch = collate([short, long], [1.0, -1.0], pad_id=0)
     assert batch.input_ids.shape == (2, 5) and batch.attention_mask[0].tolist() == [1, 1, 1, 0, 0]
     assert batch.old_logp[0].tolist() == [0, -1.0, -2.0, 0, 0]
@@ -103,3 +110,14 @@ def test_metrics_log_resume_drops_later_steps_and_torn_lines(tmp_path) -> None:
     assert [r["step"] for r in resumed.read()] == [1, 2]
     resumed.log({"step": 3, "reward": 0.3})
     assert [r["step"] for r in resumed.read()] == [1, 2, 3]
+
+
+def test_logprobs_limited_to_positions_match_the_full_computation() -> None:
+    model = tiny_model()
+    ids = torch.tensor([[3, 7, 11, 5, 2, 9], [4, 4, 8, 1, 0, 0]])
+    attention = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+    positions = torch.tensor([[0, 0, 1, 1, 0, 1], [0, 1, 0, 1, 0, 0]])
+    full, full_entropy = token_logprobs(model, ids, attention, with_entropy=True)
+    part, part_entropy = token_logprobs(model, ids, attention, positions=positions, with_entropy=True)
+    assert torch.allclose(part, full * positions, atol=1e-5)
+    assert torch.allclose(part_entropy, full_entropy * positions, atol=1e-5)

@@ -39,6 +39,22 @@ class TokenBatch:
             )
         )
 
+    def trimmed(self) -> TokenBatch:
+        """Drop the padding columns no row of this batch needs (micro-batches of short
+        episodes must not pay for the longest episode of the whole minibatch)."""
+        length = int(self.attention_mask.sum(-1).max())
+        return TokenBatch(
+            self.input_ids[:, :length],
+            self.attention_mask[:, :length],
+            self.loss_mask[:, :length],
+            self.old_logp[:, :length],
+            self.weights,
+        )
+
+    def by_length(self) -> Tensor:
+        """Row indices from shortest to longest, so micro-batches group similar lengths."""
+        return torch.argsort(self.attention_mask.sum(-1), stable=True)
+
     def to(self, device: torch.device | str) -> TokenBatch:
         return TokenBatch(
             *(
@@ -79,19 +95,34 @@ def token_logprobs(
     input_ids: Tensor,
     attention_mask: Tensor,
     *,
+    positions: Tensor | None = None,
     temperature: float = 1.0,
     with_entropy: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """Per-token ``log π(x_t | x_<t)`` at ``temperature`` (and the entropy of π at each
-    position), aligned with ``input_ids``; column 0 is 0."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    """Per-token ``log π(x_t | x_<t)`` at ``temperature`` (and π's entropy there), aligned
+    with ``input_ids``; 0 where not computed.
+
+    ``positions`` ([B, T], e.g. the loss mask) limits the work to those tokens: the output
+    layer and the softmax over the vocabulary (49k entries for SmolLM2, the largest tensor
+    of a step) then run on agent tokens only, not on the whole prompt.
+    """
+    if positions is None:
+        positions = attention_mask.clone()
+        positions[:, 0] = 0
+    out = model(
+        input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, logits_to_keep=1
+    )
+    wanted = positions[:, 1:].bool()  # token t is predicted by the hidden state at t-1
+    hidden = out.hidden_states[-1][:, :-1][wanted]  # the final (normed) layer, as lm_head sees it
+    logits = model.get_output_embeddings()(hidden).float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
-    picked = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    zeros = torch.zeros_like(picked[:, :1])
-    logp = torch.cat([zeros, picked], dim=1)
+    picked = logp_all.gather(-1, input_ids[:, 1:][wanted][:, None]).squeeze(-1)
+    logp = torch.zeros(input_ids.shape, dtype=picked.dtype, device=picked.device)
+    logp[:, 1:][wanted] = picked
     if not with_entropy:
         return logp, None
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, torch.cat([zeros, entropy], dim=1)
+    entropy = torch.zeros_like(logp)
+    entropy[:, 1:][wanted] = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy

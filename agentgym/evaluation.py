@@ -1,0 +1,309 @@
+"""Evaluation: play k samples of every task of a split, store the trajectories, report
+success rate, mean score and turns, Avg@k, Pass@k and throughput.
+
+The run is resumable: trajectories are appended to ``<out>/trajectories.jsonl`` as each
+episode ends, and a later run with the same ``out`` skips every ``(task_id, sample)``
+pair that already has a finished (non-error) record there, counting it in the results.
+Errored episodes are played again on resume, and the latest record of a pair wins.
+
+Errored episodes count as failures in ``success_rate`` and are reported separately
+(``errored``, ``error_kinds``, ``success_rate_excluding_errors``), so an env outage
+shows up instead of silently shrinking the denominator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agentgym.client import AsyncEnvClient, RetryPolicy
+from agentgym.errors import AgentGymError
+from agentgym.policies import POLICY_KINDS, Policy, make_policy
+from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
+from agentgym.trajectory import Trajectory, TrajectoryWriter, read_trajectories
+from agentgym.wire import Metadata
+
+log = logging.getLogger(__name__)
+
+TRAJECTORIES_FILE = "trajectories.jsonl"
+RESULTS_FILE = "results.json"
+
+
+class UsageError(ValueError):
+    """A bad argument (unknown policy, unreachable or wrong server, ...): the CLI exits 2."""
+
+
+@dataclass
+class EvalConfig:
+    """One evaluation run."""
+
+    env: str
+    """Registered environment name; the server at the URL must serve it."""
+    out_dir: Path
+    """Where ``trajectories.jsonl`` and ``results.json`` go (and are resumed from)."""
+    split: str = "test"
+    n: int | None = None
+    """Evaluate the first ``n`` tasks of the split (``None``: all)."""
+    k: int = 1
+    """Samples per task (Avg@k, Pass@k)."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+
+
+# ----- environment servers and policies -------------------------------------------------
+
+
+async def check_server(url: str, env: str, token: str | None = None) -> Metadata:
+    """The server's metadata; ``UsageError`` when it is unreachable, not an env server, or
+    serves another environment."""
+    try:
+        async with AsyncEnvClient(url, token=token, timeout=10.0, retry=RetryPolicy(attempts=2)) as client:
+            metadata = await client.metadata()
+    except (httpx.HTTPError, AgentGymError, ValueError) as exc:
+        raise UsageError(f"no AgentGym env server answers at {url} ({type(exc).__name__}: {exc})") from None
+    if metadata.name != env:
+        raise UsageError(f"the server at {url} serves {metadata.name!r}, not {env!r}")
+    return metadata
+
+
+@contextlib.contextmanager
+def env_server(env: str, url: str | None, log_dir: Path, timeout: float = 180.0) -> Iterator[str]:
+    """``url`` as given, or a local server for ``env`` started like ``agentgym up`` does
+    (log in ``log_dir``) and stopped on exit."""
+    if url is not None:
+        yield url
+        return
+    from agentgym.servers.launcher import serve_processes
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with serve_processes([env], log_dir=str(log_dir), timeout=timeout) as servers:
+        yield servers[0].url
+
+
+def build_policy(
+    kind: str, *, model: str | None, base_url: str | None, api_key: str | None, concurrency: int
+) -> Policy:
+    """The policy ``kind`` from CLI-style arguments; ``UsageError`` for bad combinations."""
+    if kind not in POLICY_KINDS:
+        raise UsageError(f"unknown policy {kind!r}; choose one of {', '.join(POLICY_KINDS)}")
+    kwargs: dict[str, Any] = {}
+    if kind == "openai":
+        if not base_url or not model:
+            raise UsageError("--policy openai needs --base-url and --model")
+        kwargs = {"base_url": base_url, "model": model, "api_key": api_key, "concurrency": concurrency}
+    elif kind in ("hf", "vllm"):
+        kwargs = {"model": model} if model else {}
+        if kind == "hf":
+            # Every episode in flight may wait for a reply at once: let them share one batch.
+            kwargs["max_batch_size"] = concurrency
+    try:
+        return make_policy(kind, **kwargs)
+    except (ImportError, RuntimeError, OSError, ValueError) as exc:
+        raise UsageError(f"cannot build the {kind} policy: {exc}") from None
+
+
+# ----- planning and resuming ------------------------------------------------------------
+
+
+async def list_tasks(url: str, split: str, n: int | None, token: str | None = None) -> list[str]:
+    """Task ids of ``split`` in order, the first ``n`` of them when ``n`` is set."""
+    ids: list[str] = []
+    async with AsyncEnvClient(url, token=token) as client:
+        try:
+            while n is None or len(ids) < n:
+                page = await client.tasks(split, offset=len(ids), limit=1000)
+                ids += [task.task_id for task in page.tasks]
+                if not page.tasks or len(ids) >= page.total:
+                    break
+        except AgentGymError as exc:
+            raise UsageError(exc.message) from None
+    return ids[:n] if n is not None else ids
+
+
+def plan_episodes(task_ids: list[str], k: int, split: str) -> list[EpisodeSpec]:
+    """Sample-major order: every task's first sample before any task's second, so a run cut
+    short still covers every task."""
+    return [EpisodeSpec(task_id, sample, split) for sample in range(k) for task_id in task_ids]
+
+
+def load_previous(path: Path, env: str) -> dict[tuple[str, int], Trajectory]:
+    """The latest record per ``(task_id, sample)`` of ``env`` in ``path`` (empty if none)."""
+    if not path.exists():
+        return {}
+    return {t.key: t for t in read_trajectories(path) if t.env == env}
+
+
+# ----- metrics --------------------------------------------------------------------------
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased Pass@k from ``n`` samples of which ``c`` succeeded (Chen et al., 2021):
+    ``1 - C(n-c, k) / C(n, k)``."""
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples, got {n}")
+    return 1.0 if n - c < k else 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def summarize(trajectories: list[Trajectory], k: int, ran: list[Trajectory], wall_s: float) -> dict[str, Any]:
+    """The results of a run: quality over ``trajectories`` (one per planned episode,
+    resumed ones included), throughput over ``ran`` (the episodes played this time)."""
+    count = max(len(trajectories), 1)
+    valid = [t for t in trajectories if not t.errored]
+    by_task: dict[str, list[bool]] = {}
+    for t in trajectories:
+        by_task.setdefault(t.task_id, []).append(t.success)
+    tokens = [t.generated_tokens for t in ran if t.generated_tokens is not None]
+    return {
+        "episodes": len(trajectories),
+        "tasks": len(by_task),
+        "k": k,
+        "success_rate": sum(t.success for t in trajectories) / count,
+        "success_rate_excluding_errors": sum(t.success for t in valid) / len(valid) if valid else None,
+        "mean_score": sum(t.score for t in trajectories) / count,
+        "mean_turns": sum(t.turns for t in trajectories) / count,
+        "avg_at_k": _mean(sum(s) / len(s) for s in by_task.values()),
+        "pass_at_k": {str(j): _mean(pass_at_k(len(s), sum(s), j) for s in by_task.values()) for j in _ks(k)},
+        "errored": len(trajectories) - len(valid),
+        "error_kinds": dict(Counter(t.end_reason for t in trajectories if t.errored)),
+        "end_reasons": dict(Counter(t.end_reason for t in trajectories)),
+        "template_drift": sum(t.template_drift for t in trajectories),
+        "ran": len(ran),
+        "resumed": len(trajectories) - len(ran),
+        "wall_s": round(wall_s, 3),
+        "episodes_per_min": len(ran) / wall_s * 60 if wall_s > 0 else None,
+        "generated_tokens_per_s": sum(tokens) / wall_s if tokens and wall_s > 0 else None,
+    }
+
+
+def _ks(k: int) -> list[int]:
+    """Pass@j for j = 1, 2, 4, ... and k itself."""
+    return sorted({k, *(2**i for i in range(k.bit_length()) if 2**i <= k)})
+
+
+def _mean(values: Iterable[float]) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0
+
+
+# ----- the run --------------------------------------------------------------------------
+
+
+async def evaluate(
+    url: str,
+    policy: Policy,
+    config: EvalConfig,
+    *,
+    token: str | None = None,
+    on_plan: Callable[[int, int], None] | None = None,
+    on_episode: Callable[[Trajectory], None] | None = None,
+) -> dict[str, Any]:
+    """Run (or resume) the evaluation and return the results, also written to
+    ``<out>/results.json``. ``on_plan(total, already_done)`` is called once before the
+    first episode, ``on_episode`` after each."""
+    metadata = await check_server(url, config.env, token)
+    task_ids = await list_tasks(url, config.split, config.n, token)
+    if not task_ids:
+        raise UsageError(f"split {config.split!r} of {config.env!r} has no tasks")
+    plan = plan_episodes(task_ids, config.k, config.split)
+    path = config.out_dir / TRAJECTORIES_FILE
+    try:
+        previous = load_previous(path, config.env)
+    except ValueError as exc:
+        raise UsageError(f"cannot resume from {path}: {exc}") from None
+    finished = {
+        spec: t for spec in plan if (t := previous.get((spec.task_id, spec.sample))) and not t.errored
+    }
+    if any(t.policy != policy.name for t in finished.values()):
+        log.warning("%s holds episodes of another policy; they are counted as they are", path)
+    todo = [spec for spec in plan if spec not in finished]
+    if on_plan is not None:
+        on_plan(len(plan), len(finished))
+    start = time.perf_counter()
+    with TrajectoryWriter(path) as writer:
+
+        def record(trajectory: Trajectory) -> None:
+            writer.write(trajectory)
+            if on_episode is not None:
+                on_episode(trajectory)
+
+        ran = await run_episodes(url, policy, todo, config.rollout, token=token, on_episode=record)
+    results = {
+        "env": config.env,
+        "split": config.split,
+        "policy": policy.name,
+        "format": config.rollout.format,
+        "temperature": config.rollout.sampling.temperature,
+        "max_turns": config.rollout.max_turns or metadata.max_turns,
+        **summarize([*finished.values(), *ran], config.k, ran, time.perf_counter() - start),
+    }
+    _write_json(config.out_dir / RESULTS_FILE, results)
+    return results
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write atomically: a reader never sees half a results file."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+# ----- expert datasets ------------------------------------------------------------------
+
+DATASET_FORMATS = ("trajectory", "agentgym")
+"""``collect`` output: our trajectory records, or AgentGym conversations."""
+
+
+async def collect(
+    url: str,
+    policy: Policy,
+    env: str,
+    out: Path,
+    *,
+    split: str = "train",
+    n: int | None = None,
+    rollout: RolloutConfig | None = None,
+    output_format: str = "trajectory",
+    only_success: bool = True,
+    token: str | None = None,
+    on_plan: Callable[[int, int], None] | None = None,
+    on_episode: Callable[[Trajectory], None] | None = None,
+) -> dict[str, int]:
+    """Play one episode per task of ``split`` and write a dataset to ``out`` (replaced):
+    one JSON line per episode, kept when it succeeded (or, with ``only_success=False``,
+    when it did not error). AgentGym conversations cannot mark an error, so errored
+    episodes are never written. Returns ``{"episodes", "written", "errored"}``."""
+    from agentgym.trajectory import to_agentgym
+
+    if output_format not in DATASET_FORMATS:
+        raise UsageError(
+            f"unknown dataset format {output_format!r}; choose one of {', '.join(DATASET_FORMATS)}"
+        )
+    await check_server(url, env, token)
+    plan = plan_episodes(await list_tasks(url, split, n, token), 1, split)
+    if on_plan is not None:
+        on_plan(len(plan), 0)
+    out.unlink(missing_ok=True)
+    counts = Counter(episodes=0, written=0, errored=0)
+    with TrajectoryWriter(out) as writer:
+
+        def record(trajectory: Trajectory) -> None:
+            counts["episodes"] += 1
+            counts["errored"] += trajectory.errored
+            if trajectory.success or not (only_success or trajectory.errored):
+                writer.write(to_agentgym(trajectory) if output_format == "agentgym" else trajectory)
+                counts["written"] += 1
+            if on_episode is not None:
+                on_episode(trajectory)
+
+        await run_episodes(url, policy, plan, rollout, token=token, on_episode=record)
+    return dict(counts)

@@ -1,0 +1,357 @@
+"""Continuous batching of generation requests over a Hugging Face causal LM.
+
+Requests from many episodes go into one queue. A worker thread (torch releases the GIL,
+so the event loop stays free) runs a *live batch*: each iteration it admits waiting
+requests (one prefill forward for the newcomers, whose KV cache is then merged into the
+live one), samples one token for every row, answers the rows that finished at once,
+drops them from the batch, and runs one decode forward for the rest. So no episode
+waits for a whole batch to drain, and no turn-level barrier exists between episodes.
+
+Rows are left-padded: every row's cache has the same length, real positions are given
+explicitly (``position_ids``) and padding is masked, so a row's tokens do not depend on
+what else shares its batch (up to float rounding).
+
+Caches that are not plain full-attention ``DynamicCache`` layers (sliding windows,
+recurrent state) cannot be merged; then newcomers wait until the live batch drains.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+from agentgym.policies.base import Generation, SamplingParams
+from agentgym.policies.sampling import sample_next
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BatcherStats:
+    """Counters for logs, benchmarks and tests."""
+
+    prefills: int = 0
+    """Prefill forwards: each admits one group of newly queued requests."""
+    decode_steps: int = 0
+    """Decode forwards (one token for every live row)."""
+    requests: int = 0
+    """Requests answered."""
+    tokens: int = 0
+    """Tokens sampled."""
+    max_rows: int = 0
+    """Largest live batch seen."""
+
+
+@dataclass(eq=False)
+class _Row:
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    future: Future
+    generator: torch.Generator | None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: str | None = None
+    """Set when a stop string cut the reply: the text before it."""
+
+    @property
+    def last_position(self) -> int:
+        """Position id of the newest token (the next decode input)."""
+        return len(self.prompt_ids) + len(self.token_ids) - 1
+
+
+@dataclass
+class _LiveBatch:
+    rows: list[_Row]
+    cache: Any
+    """The model's KV cache; every row has the same (left-padded) length."""
+    mask: torch.Tensor
+    """``[B, T]`` attention mask over the cache: 0 on padding."""
+    logits: torch.Tensor
+    """``[B, V]`` next-token logits of every row."""
+
+
+class ContinuousBatcher:
+    """Serve :meth:`submit` calls from any thread with one model in one worker thread.
+
+    Args:
+        model: a causal LM in eval mode.
+        tokenizer: decodes replies and stop-string checks.
+        stop_ids: token ids that end a reply (kept in ``token_ids``).
+        max_batch_size: live rows at most.
+        batch_wait_s: how long an idle worker waits after the first request for more
+            to arrive before its first prefill.
+        max_positions: context length of the model; a reply that reaches it ends with
+            ``finish_reason="length"``.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        stop_ids: set[int],
+        max_batch_size: int = 8,
+        batch_wait_s: float = 0.005,
+        max_positions: int | None = None,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError("max_batch_size must be at least 1")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.stop_ids = stop_ids
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_s
+        self.max_positions = max_positions
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop_ids)
+        self.stats = BatcherStats()
+        self.lock = threading.Lock()
+        """Held around every forward pass; hold it to change the weights between steps."""
+        self._queue: queue.SimpleQueue[_Row | None] = queue.SimpleQueue()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._state_lock = threading.Lock()
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def submit(self, prompt_ids: list[int], sampling: SamplingParams) -> Future:
+        """Queue one request; the future resolves to its :class:`Generation`."""
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty")
+        if sampling.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be at least 1")
+        generator = None
+        if sampling.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
+        row = _Row(list(prompt_ids), sampling, Future(), generator)
+        # Under the lock, so a request never slips in after close() drained the queue.
+        with self._state_lock:
+            if self._closed:
+                raise RuntimeError("the policy is closed")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="agentgym-hf-batcher", daemon=True)
+                self._thread.start()
+            self._queue.put(row)
+        return row.future
+
+    def close(self) -> None:
+        """Stop the worker; requests not yet answered fail with RuntimeError. Idempotent."""
+        with self._state_lock:
+            self._closed = True
+            self._queue.put(None)  # wakes an idle worker
+        if self._thread is not None:
+            self._thread.join()
+
+    # ----- the worker ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        live: _LiveBatch | None = None
+        while not self._closed:
+            newcomers = self._take(live)
+            with self.lock, torch.inference_mode():
+                if newcomers:
+                    live = self._admit(live, newcomers)
+                if live is not None:
+                    live = self._guarded(live.rows, self._step, live)
+        self._fail_all(live)
+
+    def _admit(self, live: _LiveBatch | None, rows: list[_Row]) -> _LiveBatch | None:
+        """Prefill ``rows`` and merge them into ``live``; a failed prefill (a prompt too
+        long for memory, say) fails only the newcomers."""
+        batch = self._guarded(rows, self._prefill, rows)
+        if batch is None:
+            return live
+        return batch if live is None else self._guarded(live.rows + rows, _merge, live, batch)
+
+    def _guarded(self, rows: list[_Row], fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``; on an error, fail ``rows`` (whose requests it served) and return
+        None, so the worker lives on."""
+        try:
+            return fn(*args)
+        except Exception as exc:
+            log.exception("generation failed")
+            for row in rows:
+                _fail(row, exc)
+            return None
+
+    def _take(self, live: _LiveBatch | None) -> list[_Row]:
+        """Newly queued rows that fit: an idle worker blocks for the first one and waits
+        ``batch_wait_s`` for company; a busy one takes only what is already waiting."""
+        if live is None:
+            return _started(self._take_idle())
+        room = self.max_batch_size - len(live.rows) if _mergeable(live.cache) else 0
+        rows: list[_Row] = []
+        while len(rows) < room:
+            try:
+                row = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if row is not None:
+                rows.append(row)
+        return _started(rows)
+
+    def _take_idle(self) -> list[_Row]:
+        first = self._queue.get()
+        if first is None:  # close() woke us
+            return []
+        rows = [first]
+        deadline = time.monotonic() + self.batch_wait_s
+        while len(rows) < self.max_batch_size:
+            try:
+                row = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if row is None:
+                break
+            rows.append(row)
+        return rows
+
+    def _prefill(self, rows: list[_Row]) -> _LiveBatch:
+        width = max(len(row.prompt_ids) for row in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, width - len(row.prompt_ids) :] = torch.tensor(row.prompt_ids)
+            mask[i, width - len(row.prompt_ids) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
+        )
+        self.stats.prefills += 1
+        return _LiveBatch(rows, out.past_key_values, mask, out.logits[:, -1, :])
+
+    def _step(self, live: _LiveBatch) -> _LiveBatch | None:
+        """Sample a token for every row, answer the finished rows, decode the rest."""
+        rows = live.rows
+        self.stats.max_rows = max(self.stats.max_rows, len(rows))
+        temperature = torch.tensor([row.sampling.temperature for row in rows], device=self.device)
+        top_p = torch.tensor([row.sampling.top_p for row in rows], device=self.device)
+        tokens, logprobs = sample_next(live.logits, temperature, top_p, [row.generator for row in rows])
+        keep = []
+        for i, (row, token, logprob) in enumerate(zip(rows, tokens.tolist(), logprobs.tolist(), strict=True)):
+            row.token_ids.append(token)
+            row.logprobs.append(logprob)
+            reason = self._finish_reason(row)
+            if reason is None:
+                keep.append(i)
+            else:
+                self._answer(row, reason)
+        self.stats.tokens += len(rows)
+        if not keep:
+            return None
+        if len(keep) < len(rows):
+            live = _select(live, keep)
+        return self._decode(live, tokens[keep])
+
+    def _decode(self, live: _LiveBatch, tokens: torch.Tensor) -> _LiveBatch:
+        mask = torch.cat([live.mask, live.mask.new_ones((len(live.rows), 1))], dim=1)
+        positions = torch.tensor([[row.last_position] for row in live.rows], device=self.device)
+        out = self.model(
+            input_ids=tokens[:, None],
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=live.cache,
+            use_cache=True,
+        )
+        self.stats.decode_steps += 1
+        return _LiveBatch(live.rows, out.past_key_values, mask, out.logits[:, -1, :])
+
+    def _finish_reason(self, row: _Row) -> str | None:
+        if row.token_ids[-1] in self.stop_ids:
+            return "stop"
+        if row.sampling.stop and self._cut_at_stop_string(row):
+            return "stop"
+        if len(row.token_ids) >= row.sampling.max_new_tokens:
+            return "length"
+        if self.max_positions is not None and row.last_position + 1 >= self.max_positions:
+            return "length"
+        return None
+
+    def _cut_at_stop_string(self, row: _Row) -> bool:
+        """Whether the reply now contains a stop string; if so keep the text before it.
+        (The token that completed the stop string stays in ``token_ids``: tokens are
+        never split, and the rollout continues from the exact ids.)"""
+        text = self.tokenizer.decode(row.token_ids, skip_special_tokens=True)
+        hits = [i for i in (text.find(stop) for stop in row.sampling.stop if stop) if i >= 0]
+        if hits:
+            row.text = text[: min(hits)]
+        return bool(hits)
+
+    def _answer(self, row: _Row, reason: str) -> None:
+        text = row.text
+        if text is None:
+            text = self.tokenizer.decode(row.token_ids, skip_special_tokens=True)
+        self.stats.requests += 1
+        row.future.set_result(Generation(text, row.token_ids, row.logprobs, reason))
+
+    def _fail_all(self, live: _LiveBatch | None) -> None:
+        closed = RuntimeError("the policy was closed before this request was answered")
+        for row in live.rows if live else []:
+            _fail(row, closed)
+        while True:
+            try:
+                row = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if row is not None and row.future.set_running_or_notify_cancel():
+                _fail(row, closed)
+
+
+def _started(rows: list[_Row]) -> list[_Row]:
+    """Drop requests whose caller gave up (cancelled) before they started."""
+    return [row for row in rows if row.future.set_running_or_notify_cancel()]
+
+
+def _fail(row: _Row, exc: BaseException) -> None:
+    if not row.future.done():
+        row.future.set_exception(exc)
+
+
+def _mergeable(cache: Any) -> bool:
+    """Only plain full-attention dynamic layers can be left-padded and concatenated."""
+    return isinstance(cache, DynamicCache) and all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
+def _merge(live: _LiveBatch, new: _LiveBatch) -> _LiveBatch:
+    """Concatenate two batches, left-padding the shorter cache with masked zeros."""
+    width = max(live.mask.shape[1], new.mask.shape[1])
+    for old_layer, new_layer in zip(live.cache.layers, new.cache.layers, strict=True):
+        old_layer.keys = torch.cat([_pad_left(old_layer.keys, width, 2), _pad_left(new_layer.keys, width, 2)])
+        old_layer.values = torch.cat(
+            [_pad_left(old_layer.values, width, 2), _pad_left(new_layer.values, width, 2)]
+        )
+    mask = torch.cat([_pad_left(live.mask, width, 1), _pad_left(new.mask, width, 1)])
+    return _LiveBatch(live.rows + new.rows, live.cache, mask, torch.cat([live.logits, new.logits]))
+
+
+def _select(live: _LiveBatch, keep: list[int]) -> _LiveBatch:
+    """Keep rows ``keep``; drop cache columns that are padding in every remaining row."""
+    index = torch.tensor(keep, device=live.mask.device)
+    live.cache.batch_select_indices(index)
+    mask = live.mask[index]
+    if _mergeable(live.cache):
+        first = int(mask.any(dim=0).int().argmax())
+        if first > 0:
+            mask = mask[:, first:]
+            for layer in live.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+    return _LiveBatch([live.rows[i] for i in keep], live.cache, mask, live.logits[index])
+
+
+def _pad_left(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    missing = width - tensor.shape[dim]
+    if missing == 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)

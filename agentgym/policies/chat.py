@@ -1,0 +1,32 @@
+"""Tokenizer helpers shared by the token-level backends (hf, vllm)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from agentgym.policies.base import Message
+
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
+"""Chat templates' end-of-turn markers; each one stops a reply when the tokenizer has it
+as a special token (a model may end a turn with it even when its ``eos`` is another)."""
+
+
+def chat_prompt_ids(tokenizer: Any, messages: list[Message]) -> list[int]:
+    """The chat template applied to ``messages``, ending with the assistant's turn header."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    # transformers 5 returns a BatchEncoding here, 4.x a plain list.
+    return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
+
+
+def stop_token_ids(tokenizer: Any, generation_config: Any = None) -> set[int]:
+    """Token ids that end a reply: the tokenizer's and generation config's eos ids, plus
+    any end-of-turn marker the tokenizer has as a special token."""
+    ids: set[int] = set()
+    for source in (tokenizer.eos_token_id, getattr(generation_config, "eos_token_id", None)):
+        ids.update(source if isinstance(source, list) else [source] if source is not None else [])
+    added = tokenizer.get_added_vocab()
+    ids.update(added[token] for token in END_OF_TURN_TOKENS if token in added)
+    if not ids:
+        raise ValueError("the tokenizer defines no eos token; cannot tell where a reply ends")
+    return ids

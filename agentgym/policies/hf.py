@@ -1,0 +1,128 @@
+"""``HFPolicy``: a local Hugging Face causal LM as a token-level policy.
+
+Loads any model ``from_pretrained`` can (aliases like ``smollm2-135m`` resolve to a
+converted cache folder, see :mod:`agentgym.policies.models`) and answers concurrent
+``generate`` calls through a :class:`~agentgym.policies.batching.ContinuousBatcher`.
+Every reply carries its sampled token ids (end-of-turn token included) and one
+behaviour log-prob per token, ``log_softmax(logits / T)[token]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Mapping
+
+import torch
+
+from agentgym.policies.base import Generation, GenerationRequest, Message, SamplingParams
+from agentgym.policies.batching import BatcherStats, ContinuousBatcher
+from agentgym.policies.chat import chat_prompt_ids, stop_token_ids
+from agentgym.policies.models import DEFAULT_MODEL, resolve_model
+from agentgym.policies.sampling import token_logprobs
+
+
+class HFPolicy:
+    """A transformers model behind the :class:`~agentgym.policies.base.Policy` interface.
+
+    Args:
+        model: alias (``smollm2-135m``), ``.gguf`` file, local folder or Hugging Face id.
+        device: ``"cuda"`` when available, else ``"cpu"``.
+        dtype: torch dtype or its name; bf16 on GPU, fp32 on CPU by default.
+        max_batch_size: requests decoded together at most.
+        batch_wait_ms: how long an idle model waits after a request for others to batch with.
+        name: recorded in trajectories; defaults to ``model``.
+    """
+
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL,
+        *,
+        device: str | None = None,
+        dtype: torch.dtype | str | None = None,
+        max_batch_size: int = 8,
+        batch_wait_ms: float = 5.0,
+        name: str | None = None,
+    ) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.name = name or model
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        path = resolve_model(model)
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=_dtype(dtype, self.device), device_map=str(self.device)
+        ).eval()
+        self.stop_ids = stop_token_ids(self.tokenizer, self.model.generation_config)
+        self.weights_version = 0
+        """Bumped by :meth:`update_weights`; trajectories can record which weights sampled them."""
+        self._batcher = ContinuousBatcher(
+            self.model,
+            self.tokenizer,
+            self.stop_ids,
+            max_batch_size=max_batch_size,
+            batch_wait_s=batch_wait_ms / 1000,
+            max_positions=getattr(self.model.config, "max_position_embeddings", None),
+        )
+
+    @property
+    def stats(self) -> BatcherStats:
+        """Prefill/decode forward counts and answered requests since construction."""
+        return self._batcher.stats
+
+    @property
+    def weights_lock(self) -> threading.Lock:
+        """Held around every forward pass; hold it while changing ``self.model`` in place
+        (an optimizer step) so no decode step sees half-updated weights."""
+        return self._batcher.lock
+
+    def prompt_ids(self, messages: list[Message]) -> list[int]:
+        """The chat template applied to ``messages``, ending with the assistant's turn header."""
+        return chat_prompt_ids(self.tokenizer, messages)
+
+    async def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Generation]:
+        """Answer every request (same order). Each request joins the live batch on its own,
+        so concurrent calls share forwards and a short reply returns as soon as it ends."""
+        futures = [self._batcher.submit(self._checked_prompt(request), sampling) for request in requests]
+        return list(await asyncio.gather(*(asyncio.wrap_future(future) for future in futures)))
+
+    def _checked_prompt(self, request: GenerationRequest) -> list[int]:
+        ids = request.prompt_ids if request.prompt_ids is not None else self.prompt_ids(request.messages)
+        vocab = self.model.get_input_embeddings().num_embeddings
+        if any(not 0 <= i < vocab for i in ids):
+            raise ValueError(f"prompt_ids hold token ids outside the vocabulary [0, {vocab})")
+        return ids
+
+    def logprobs_of(
+        self, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0
+    ) -> list[float]:
+        """Log-probs of ``completion_ids`` following ``prompt_ids`` under the current weights,
+        ``log_softmax(logits / T)`` as in sampling (``T == 0`` counts as 1). No gradient."""
+        if not prompt_ids or not completion_ids:
+            raise ValueError("prompt_ids and completion_ids must both be non-empty")
+        ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=self.device)
+        with self.weights_lock, torch.inference_mode():
+            # The last len(completion)+1 positions predict the completion (the very last predicts nothing).
+            logits = self.model(input_ids=ids, logits_to_keep=len(completion_ids) + 1).logits[0, :-1]
+            targets = torch.tensor(completion_ids, device=self.device)
+            return token_logprobs(logits, targets, temperature).tolist()
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], strict: bool = True) -> None:
+        """Load new weights (e.g. from the trainer) between two decode steps. Rows already
+        generating continue under the new weights; their recorded log-probs stay exact
+        for the weights that sampled each token."""
+        with self.weights_lock, torch.no_grad():
+            self.model.load_state_dict(state_dict, strict=strict)
+            self.weights_version += 1
+
+    async def close(self) -> None:
+        """Stop the batching thread; unanswered requests fail. The model stays loaded."""
+        await asyncio.to_thread(self._batcher.close)
+
+
+def _dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, dtype)

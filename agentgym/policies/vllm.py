@@ -1,0 +1,112 @@
+"""``VLLMPolicy``: a model served in-process by vLLM's async engine (GPU machines).
+
+Same contract as :class:`~agentgym.policies.hf.HFPolicy`: prompts go in as token ids,
+replies come back with their sampled token ids and one behaviour log-prob per token
+(``SamplingParams(logprobs=0)`` returns exactly the sampled token's). vLLM schedules
+concurrent requests itself (continuous batching, paged KV cache).
+
+Log-probs: the engine is started with ``logprobs_mode="processed_logprobs"`` (vLLM >=
+0.10.2), i.e. after temperature scaling, so they match ``log_softmax(logits / T)`` as
+the hf backend records them. With ``top_p < 1`` vLLM's processed log-probs are those of
+the truncated, renormalised distribution, unlike the hf backend's.
+
+vllm is optional (``pip install 'agentgym-platform[vllm]'``); it is imported only when a
+``VLLMPolicy`` is built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import uuid
+from types import ModuleType
+from typing import Any
+
+from agentgym.policies.base import Generation, GenerationRequest, Message, SamplingParams
+from agentgym.policies.chat import chat_prompt_ids, stop_token_ids
+from agentgym.policies.models import DEFAULT_MODEL, resolve_model
+
+
+class VLLMPolicy:
+    """vLLM's ``AsyncLLMEngine`` behind the :class:`~agentgym.policies.base.Policy` interface.
+
+    Args:
+        model: alias (``smollm2-135m``), ``.gguf`` file, local folder or Hugging Face id.
+        name: recorded in trajectories; defaults to ``model``.
+        logprobs_mode: vLLM's ``logprobs_mode`` engine argument (see the module docstring);
+            ``None`` leaves vLLM's default (raw log-probs at T = 1; needed before vLLM 0.10.2).
+        **engine_kwargs: more ``vllm.AsyncEngineArgs`` fields, e.g. ``gpu_memory_utilization``,
+            ``dtype``, ``max_model_len``, ``tensor_parallel_size``.
+    """
+
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL,
+        *,
+        name: str | None = None,
+        logprobs_mode: str | None = "processed_logprobs",
+        **engine_kwargs: Any,
+    ) -> None:
+        self._vllm = _import_vllm()
+        from transformers import AutoTokenizer
+
+        self.name = name or model
+        path = resolve_model(model)
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.stop_ids = stop_token_ids(self.tokenizer)
+        if logprobs_mode is not None:
+            engine_kwargs["logprobs_mode"] = logprobs_mode
+        args = self._vllm.AsyncEngineArgs(model=path, **engine_kwargs)
+        self.engine = self._vllm.AsyncLLMEngine.from_engine_args(args)
+
+    def prompt_ids(self, messages: list[Message]) -> list[int]:
+        """The chat template applied to ``messages``, ending with the assistant's turn header."""
+        return chat_prompt_ids(self.tokenizer, messages)
+
+    async def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Generation]:
+        """Answer every request (same order); vLLM batches them with everything else in flight."""
+        params = self.sampling_params(sampling)
+        return list(await asyncio.gather(*(self._generate_one(request, params) for request in requests)))
+
+    def sampling_params(self, sampling: SamplingParams) -> Any:
+        """Our sampling settings as ``vllm.SamplingParams``: sampled-token log-probs, our stop
+        tokens (kept in ``token_ids``), stop strings cut from the text, final output only."""
+        from vllm.sampling_params import RequestOutputKind
+
+        return self._vllm.SamplingParams(
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_new_tokens,
+            stop=list(sampling.stop) or None,
+            stop_token_ids=sorted(self.stop_ids),
+            seed=sampling.seed,
+            logprobs=0,
+            skip_special_tokens=True,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+
+    async def close(self) -> None:
+        shutdown = getattr(self.engine, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
+    async def _generate_one(self, request: GenerationRequest, params: Any) -> Generation:
+        ids = request.prompt_ids if request.prompt_ids is not None else self.prompt_ids(request.messages)
+        final = None
+        async for output in self.engine.generate({"prompt_token_ids": ids}, params, uuid.uuid4().hex):
+            final = output
+        if final is None:
+            raise RuntimeError("vLLM returned no output")
+        completion = final.outputs[0]
+        token_ids = list(completion.token_ids)
+        # With logprobs=0 each step's dict holds just the sampled token.
+        logprobs = [step[token].logprob for step, token in zip(completion.logprobs, token_ids, strict=True)]
+        reason = "length" if completion.finish_reason == "length" else "stop"
+        return Generation(completion.text, token_ids, logprobs, reason)
+
+
+def _import_vllm() -> ModuleType:
+    try:
+        return importlib.import_module("vllm")
+    except ImportError as exc:
+        raise ImportError("VLLMPolicy needs vLLM (and a GPU): pip install 'agentgym-platform[vllm]'") from exc

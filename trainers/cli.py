@@ -1,0 +1,99 @@
+"""``agentgym train`` and ``agentgym plot`` (registered on the main CLI by :func:`register`)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+
+if TYPE_CHECKING:
+    from agentgym.trainers.config import TrainConfig
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def train(
+    algo: Annotated[
+        str, typer.Option(help="bapo | grpo | dapo | ppo | rloo | reinforce++ | agentevol")
+    ] = "bapo",
+    schedule: Annotated[
+        str, typer.Option(help="fixed | scaling-inter (ScalingInter-RL horizon)")
+    ] = "scaling-inter",
+    env: Annotated[str | None, typer.Option(help="Environment (default: textworld).")] = None,
+    model: Annotated[str | None, typer.Option(help="Model alias, Hugging Face id or folder.")] = None,
+    config: Annotated[Path | None, typer.Option(help="YAML file of TrainConfig fields.")] = None,
+    settings: Annotated[
+        list[str], typer.Option("--set", help="Override a field, KEY=VALUE (YAML value; dotted for nested).")
+    ] = [],  # noqa: B006 - typer reads the default, never mutates it
+    out: Annotated[Path | None, typer.Option(help="Run folder (default runs/<algo>-<env>-<time>).")] = None,
+    resume: Annotated[bool, typer.Option(help="Continue the run in --out from its last checkpoint.")] = False,
+) -> None:
+    """Train a policy with multi-turn RL on rollouts from env servers."""
+    from agentgym.cli import fail, parse_settings, require_env
+    from agentgym.trainers.loop import Trainer
+    from agentgym.trainers.plot import plot_run
+
+    if resume and out is None:
+        raise fail("--resume needs --out RUN_DIR", 2)
+    try:
+        resolved = _resolve_config(algo, schedule, env, model, config, parse_settings(settings), out, resume)
+    except (ValueError, FileNotFoundError, yaml.YAMLError) as exc:
+        raise fail(str(exc), 2) from None
+    require_env(resolved.env)
+    run_dir = Path(resolved.output_dir)
+    if not resume and (run_dir / "metrics.jsonl").exists():
+        raise fail(f"{run_dir} already holds a run: continue it with --resume, or pick another --out", 2)
+    console.print(f"run folder: {run_dir}  ({resolved.algo}, {resolved.schedule} schedule, {resolved.env})")
+    started = time.perf_counter()
+    Trainer(resolved, run_dir, resume=resume).run()
+    png = plot_run(run_dir)
+    console.print(
+        f"done in {time.perf_counter() - started:.0f}s: metrics {run_dir / 'metrics.jsonl'}, "
+        f"checkpoints {run_dir / 'checkpoints'}, plot {png}"
+    )
+
+
+def _resolve_config(
+    algo: str,
+    schedule: str,
+    env: str | None,
+    model: str | None,
+    config_file: Path | None,
+    overrides: dict[str, Any],
+    out: Path | None,
+    resume: bool,
+) -> TrainConfig:
+    """defaults < --config < flags < --set; on --resume, the run's saved config."""
+    from agentgym.trainers.config import TrainConfig
+
+    if resume:
+        saved = Path(out) / "config.yaml"
+        if not saved.exists():
+            raise FileNotFoundError(f"{saved} not found: nothing to resume")
+        return TrainConfig.load(saved)
+    base = TrainConfig.load(config_file) if config_file else TrainConfig()
+    flags = {"algo": algo, "schedule": schedule} | {k: v for k, v in (("env", env), ("model", model)) if v}
+    resolved = base.with_overrides(flags | overrides)
+    folder = out or Path("runs") / f"{resolved.algo}-{resolved.env}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return resolved.with_overrides({"output_dir": str(folder)})
+
+
+def plot(run_dir: Annotated[Path, typer.Argument(help="A run folder with metrics.jsonl.")]) -> None:
+    """Draw a run's training curves to RUN_DIR/curves.png."""
+    from agentgym.cli import fail
+    from agentgym.trainers.plot import plot_run
+
+    try:
+        console.print(f"wrote {plot_run(run_dir)}")
+    except FileNotFoundError as exc:
+        raise fail(str(exc), 2) from None
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(train)
+    app.command()(plot)
