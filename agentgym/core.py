@@ -75,6 +75,7 @@ class TextEnv(abc.ABC):
         self._episode_max_turns = self.max_turns
         self._last_observation = ""
         self._last_info: dict[str, Any] = {}
+        self._task_index: dict[str, Task] | None = None
 
     # ----- what subclasses implement -------------------------------------------------
 
@@ -117,12 +118,13 @@ class TextEnv(abc.ABC):
     # ----- the contract, implemented once ------------------------------------------
 
     def task(self, task_id: str) -> Task:
-        """Look a task up by id in any split."""
-        for split in self.splits():
-            for task in self.tasks(split):
-                if task.task_id == task_id:
-                    return task
-        raise UnknownTask(f"unknown task id {task_id!r} for env {self.name!r}")
+        """Look a task up by id in any split (task lists are fixed, so the index is built once)."""
+        if self._task_index is None:
+            self._task_index = {t.task_id: t for split in self.splits() for t in self.tasks(split)}
+        try:
+            return self._task_index[task_id]
+        except KeyError:
+            raise UnknownTask(f"unknown task id {task_id!r} for env {self.name!r}") from None
 
     def task_at(self, split: str, index: int) -> Task:
         tasks = self.tasks(split)

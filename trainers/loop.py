@@ -171,13 +171,7 @@ class Trainer:
         algorithm = ALGORITHMS[self.config.algo]
         if algorithm.loss == "bapo":
             with torch.no_grad():
-                logp, _ = token_logprobs(
-                    self.model,
-                    minibatch.input_ids,
-                    minibatch.attention_mask,
-                    positions=minibatch.loss_mask,
-                    temperature=self.config.temperature,
-                )
+                logp, _ = self._logprobs(minibatch)
             c_low, c_high, _ = bapo_bounds(
                 logp, minibatch.old_logp, minibatch.weights, minibatch.loss_mask, self.config.bapo
             )
@@ -187,14 +181,7 @@ class Trainer:
         entropies: list[float] = []
 
         def loss_fn(micro: TokenBatch) -> torch.Tensor:
-            logp, entropy = token_logprobs(
-                self.model,
-                micro.input_ids,
-                micro.attention_mask,
-                positions=micro.loss_mask,
-                temperature=self.config.temperature,
-                with_entropy=True,
-            )
+            logp, entropy = self._logprobs(micro, with_entropy=True)
             loss, micro_stats = clipped_surrogate(
                 logp,
                 micro.old_logp,
@@ -236,7 +223,7 @@ class Trainer:
     # ----- the pieces ------------------------------------------------------------------
 
     def _nll_loss(self, micro: TokenBatch) -> torch.Tensor:
-        logp, _ = token_logprobs(self.model, micro.input_ids, micro.attention_mask, positions=micro.loss_mask)
+        logp, _ = self._logprobs(micro, temperature=1.0)  # likelihood of the demonstrations
         return weighted_nll(logp, micro.loss_mask, micro.weights, self.config.loss_aggregation)
 
     def _optimizer_step(self, minibatch: TokenBatch, loss_fn: Any) -> float:
@@ -264,13 +251,21 @@ class Trainer:
         if not self.config.lora:
             raise ValueError("kl_coef needs lora: true (the reference is the base model without adapters)")
         with torch.no_grad(), self.model.disable_adapter():
-            return token_logprobs(
-                self.model,
-                micro.input_ids,
-                micro.attention_mask,
-                positions=micro.loss_mask,
-                temperature=self.config.temperature,
-            )[0]
+            return self._logprobs(micro)[0]
+
+    def _logprobs(
+        self, batch: TokenBatch, *, temperature: float | None = None, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and entropies) of the batch's agent tokens under the current weights, at
+        the sampling temperature unless told otherwise."""
+        return token_logprobs(
+            self.model,
+            batch.input_ids,
+            batch.attention_mask,
+            positions=batch.loss_mask,
+            temperature=self.config.temperature if temperature is None else temperature,
+            with_entropy=with_entropy,
+        )
 
     def _batch(self, trajectories: list[Trajectory], weights: list[float]) -> TokenBatch:
         records = [

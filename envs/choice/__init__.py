@@ -49,7 +49,6 @@ class ChoiceEnv(TextEnv):
         if self.answer not in self.options:
             raise ValueError(f"answer {self.answer!r} is not among the options {self.options}")
         self._tasks = {split: self._build(split, n) for split, n in (("train", n_train), ("test", n_test))}
-        self._by_id = {t.task_id: t for tasks in self._tasks.values() for t in tasks}
         self._shown: list[str] = []
 
     def _build(self, split: str, count: int) -> list[Task]:
@@ -67,12 +66,6 @@ class ChoiceEnv(TextEnv):
         if split not in self._tasks:
             raise UnknownTask(f"unknown split {split!r}; splits are {sorted(self._tasks)}")
         return list(self._tasks[split])
-
-    def task(self, task_id: str) -> Task:
-        try:
-            return self._by_id[task_id]
-        except KeyError:
-            raise UnknownTask(f"unknown task id {task_id!r} for env 'choice'") from None
 
     def instruction(self) -> str:
         return "You will be shown a question with options. Reply with exactly one option, as written."

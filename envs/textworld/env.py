@@ -132,7 +132,6 @@ class TextWorldEnv(TextEnv):
             "train": build_tasks("train", n_train, variants),
             "test": build_tasks("test", n_test, variants),
         }
-        self._by_id = {t.task_id: t for split in SPLITS for t in self._tasks[split]}
         root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.store: GameStore = game_store(root / CACHE_LAYOUT, workers)
         self.prefetch = prefetch
@@ -148,12 +147,6 @@ class TextWorldEnv(TextEnv):
         if split not in self._tasks:
             raise UnknownTask(f"unknown split {split!r}; splits are {list(SPLITS)}")
         return list(self._tasks[split])
-
-    def task(self, task_id: str) -> Task:
-        try:
-            return self._by_id[task_id]
-        except KeyError:
-            raise UnknownTask(f"unknown task id {task_id!r} for env {self.name!r}") from None
 
     def instruction(self) -> str:
         return INSTRUCTION
