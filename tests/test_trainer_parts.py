@@ -112,6 +112,18 @@ def test_metrics_log_resume_drops_later_steps_and_torn_lines(tmp_path) -> None:
     assert [r["step"] for r in resumed.read()] == [1, 2, 3]
 
 
+def test_metrics_also_go_to_tensorboard(tmp_path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    log = MetricsLog(tmp_path / "metrics.jsonl", tensorboard_dir=tmp_path / "tb")
+    for step in (1, 2):
+        log.log({"step": step, "phase": "rl", "success_rate": step / 4, "flag": True})
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("success_rate")] == [(1, 0.25), (2, 0.5)]
+    assert "flag" not in events.Tags()["scalars"]  # booleans and strings stay in the JSONL only
+
+
 def test_logprobs_limited_to_positions_match_the_full_computation() -> None:
     model = tiny_model()
     ids = torch.tensor([[3, 7, 11, 5, 2, 9], [4, 4, 8, 1, 0, 0]])

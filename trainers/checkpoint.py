@@ -93,12 +93,21 @@ class RunDir:
 
 
 class MetricsLog:
-    """Append-only JSONL, one record per line, flushed and fsynced as written."""
+    """Append-only JSONL, one record per line, flushed and fsynced as written; with
+    ``tensorboard_dir``, every numeric field also goes to TensorBoard under its name."""
 
-    def __init__(self, path: Path, resume_step: int | None = None) -> None:
+    def __init__(
+        self, path: Path, resume_step: int | None = None, tensorboard_dir: Path | None = None
+    ) -> None:
         self.path = path
         if resume_step is not None and path.exists():
             self._truncate_after(resume_step)
+        self._tensorboard = None
+        if tensorboard_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            # purge_step drops events a killed run wrote past the checkpoint, as for the JSONL.
+            self._tensorboard = SummaryWriter(str(tensorboard_dir), purge_step=(resume_step or 0) + 1)
 
     def _truncate_after(self, step: int) -> None:
         """Keep the records up to ``step`` (a torn last line from a crash is dropped)."""
@@ -117,6 +126,11 @@ class MetricsLog:
             fh.write(json.dumps(record) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
+        if self._tensorboard is not None:
+            for key, value in record.items():
+                if isinstance(value, int | float) and not isinstance(value, bool) and key != "step":
+                    self._tensorboard.add_scalar(key, value, record["step"])
+            self._tensorboard.flush()
 
     def read(self) -> list[dict[str, Any]]:
         if not self.path.exists():

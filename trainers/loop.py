@@ -93,7 +93,9 @@ class Trainer:
             self._load_model()
             start = self._restore()
             self.metrics = MetricsLog(
-                self.run_dir.metrics_path, resume_step=start - 1 if self.resume else None
+                self.run_dir.metrics_path,
+                resume_step=start - 1 if self.resume else None,
+                tensorboard_dir=self.run_dir.path / "tensorboard",
             )
             with _progress() as progress:
                 bar = progress.add_task("training", total=self.total_steps, completed=start - 1)
