@@ -31,7 +31,7 @@ import asyncio
 import json
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, astuple, dataclass
 
 import httpx
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -70,6 +70,8 @@ class Row:
     rows_per_decode: float
     """Mean live batch: tokens sampled per decode forward."""
     mean_turns: float
+    env_steps: int
+    """Turns whose reply parsed, so the env was stepped (and the step delay paid)."""
     errored: int
 
 
@@ -87,9 +89,10 @@ def pick_tasks(url: str, count: int) -> list[str]:
 def run_mode(
     url: str, policy: HFPolicy, specs: list[EpisodeSpec], mode: str, args: argparse.Namespace, delay: str
 ) -> Row:
-    sampling = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens)
+    stop = ("\n",) if args.format == "plain" else ()
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens, stop=stop)
     options = {"concurrency": args.n, **MODES[mode]}
-    config = RolloutConfig(max_turns=args.max_turns, sampling=sampling, **options)
+    config = RolloutConfig(max_turns=args.max_turns, sampling=sampling, format=args.format, **options)
     before = (policy.stats.tokens, policy.stats.decode_steps)
     start = time.perf_counter()
     trajectories = asyncio.run(run_episodes(url, policy, specs, config))
@@ -105,25 +108,19 @@ def run_mode(
         tokens_per_s=round(tokens / seconds, 1),
         rows_per_decode=round(tokens / max(decodes, 1), 2),
         mean_turns=round(sum(t.turns for t in trajectories) / len(trajectories), 2),
+        env_steps=sum(action is not None for t in trajectories for action in t.actions),
         errored=sum(t.errored for t in trajectories),
     )
 
 
+COLUMNS = ("mode", "step delay s", "episodes", "wall s", "episodes/min", "gen tok/s", "rows/decode", "turns",
+           "env steps", "errors")  # fmt: skip
+"""Table headings, one per :class:`Row` field, in field order."""
+
+
 def print_table(rows: list[Row]) -> None:
-    header = (
-        "mode",
-        "step delay s",
-        "episodes",
-        "wall s",
-        "episodes/min",
-        "gen tok/s",
-        "rows/decode",
-        "turns",
-        "errors",
-    )
-    lines = [header, *((r.mode, r.step_delay, r.episodes, r.seconds, r.episodes_per_min, r.tokens_per_s,
-                        r.rows_per_decode, r.mean_turns, r.errored) for r in rows)]  # fmt: skip
-    widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
+    lines = [COLUMNS, *(astuple(row) for row in rows)]
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(COLUMNS))]
     for i, line in enumerate(lines):
         print("  ".join(str(cell).rjust(width) for cell, width in zip(line, widths, strict=True)), flush=True)
         if i == 0:
@@ -142,6 +139,12 @@ def main() -> None:
         "--step-delay", action="append", help="LO:HI seconds of artificial env latency (repeatable)"
     )
     parser.add_argument("--modes", default="sequential,free,barrier")
+    parser.add_argument(
+        "--format",
+        default="plain",
+        help="agent format; plain (default) stops replies at their first newline, so the untrained model's "
+        "replies parse and reach the env (in react it rarely writes an Action line)",
+    )
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()
     delays = args.step_delay or ["0"]

@@ -28,7 +28,12 @@ def main() -> None:
     parser.add_argument("--env", default="textworld")
     parser.add_argument("--algo", default="bapo")
     parser.add_argument("--set", dest="settings", action="append", default=[], help="TrainConfig KEY=VALUE")
+    parser.add_argument("--from-run", type=Path, help="report an existing run folder instead of training")
     args = parser.parse_args()
+    if args.from_run:
+        records = MetricsLog(args.from_run / "metrics.jsonl").read()
+        report(records, sum(r.get("rollout_s", 0) + r.get("update_s", 0) for r in records), peak_known=False)
+        return
     overrides = {k: yaml.safe_load(v) for k, _, v in (s.partition("=") for s in args.settings)}
     config = TrainConfig(algo=args.algo, env=args.env).with_overrides(overrides)
     run_dir = Path(tempfile.mkdtemp(prefix="agentgym-bench-train-"))
@@ -39,7 +44,9 @@ def main() -> None:
     print(f"run folder: {run_dir}")
 
 
-def report(records: list[dict], wall: float) -> None:
+def report(records: list[dict], wall: float, peak_known: bool = True) -> None:
+    """Print the figures; ``wall`` is the run's wall time (for ``--from-run``: the summed
+    rollout and update time, so start-up and evaluation are left out of the shares)."""
     rl = [r for r in records if r["phase"] == "rl"]
     bc = [r for r in records if r["phase"] == "bc"]
     rollout = sum(r["rollout_s"] for r in rl)
@@ -63,7 +70,8 @@ def report(records: list[dict], wall: float) -> None:
         f"wall share: generation {generation / wall:5.1%}  env {env / wall:5.1%}  update {update / wall:5.1%}  "
         f"other {(wall - rollout - update) / wall:5.1%}"
     )
-    print(f"peak RSS                   {peak:8.0f} MiB")
+    if peak_known:
+        print(f"peak RSS                   {peak:8.0f} MiB")
 
 
 if __name__ == "__main__":
