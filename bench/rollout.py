@@ -9,19 +9,21 @@ textworld, for the same episodes played three ways:
   for the group's slowest generation and env step; the next group starts when the
   whole group is done).
 
-    python bench/rollout.py [--n 4] [--episodes 8] [--max-turns 3] [--max-new-tokens 32]
-                            [--step-delay 0] [--step-delay 0.05:0.8] [--json out.json]
+    python bench/rollout.py [--n 4] [--episodes 8] [--max-turns 3] [--max-new-tokens 48]
+                            [--format plain] [--step-delay 0] [--step-delay 0.1:3.0] [--json out.json]
 
 Variation comes from the real episodes: tasks of four challenges with different
-observations, replies of different lengths (some stop after a few tokens, some run to
-``--max-new-tokens``), and episodes that end early when the game ends. Textworld steps
-take milliseconds, far below a CPU generation, so ``--step-delay LO:HI`` adds an
-*artificial* env latency: the bench's env server holds each step response for a time
-drawn uniformly from [LO, HI] s (an ASGI middleware added here, outside the env code and
-outside the product's server config), standing in for slow engines (ScienceWorld steps
-take 76-240 ms, web environments seconds). Greedy decoding makes the three schedules do
-the same token work. The env server runs in this process (its engine calls run in
-threads); games are generated before timing.
+observations, replies of different lengths, and episodes that end early when the game
+ends. The default agent format is ``plain`` with replies stopped at their first newline:
+the untrained model rarely writes a ReAct ``Action:`` line, and a reply that does not
+parse never reaches the env, so env latency would not matter at all. Textworld steps take
+milliseconds, far below a CPU generation, so ``--step-delay LO:HI`` adds an *artificial*
+env latency: the bench's env server holds each step response for a time drawn uniformly
+from [LO, HI] s (an ASGI middleware added here, outside the env code and outside the
+product's server config), standing in for slow engines (ScienceWorld steps take
+76-240 ms, web environments seconds). Greedy decoding makes the three schedules do the
+same token work. The env server runs in this process (its engine calls run in threads);
+games are generated and the model warmed up before timing.
 """
 
 from __future__ import annotations
