@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import time
 from dataclasses import asdict, astuple, dataclass
@@ -75,6 +76,9 @@ class Row:
     env_steps: int
     """Turns whose reply parsed, so the env was stepped (and the step delay paid)."""
     errored: int
+    load: float
+    """1-minute load average at the end: well above the cores this bench uses means
+    other processes competed for the CPU and the row is not comparable."""
 
 
 def parse_delay(text: str) -> tuple[float, float]:
@@ -112,11 +116,12 @@ def run_mode(
         mean_turns=round(sum(t.turns for t in trajectories) / len(trajectories), 2),
         env_steps=sum(action is not None for t in trajectories for action in t.actions),
         errored=sum(t.errored for t in trajectories),
+        load=round(os.getloadavg()[0], 2),
     )
 
 
 COLUMNS = ("mode", "step delay s", "episodes", "wall s", "episodes/min", "gen tok/s", "rows/decode", "turns",
-           "env steps", "errors")  # fmt: skip
+           "env steps", "errors", "load")  # fmt: skip
 """Table headings, one per :class:`Row` field, in field order."""
 
 
