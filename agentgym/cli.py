@@ -9,7 +9,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, TypeVar
 
 import httpx
 import typer
@@ -258,21 +258,34 @@ def _rollout_config(
     )
 
 
+class PolicyChoice(NamedTuple):
+    """The policy options of ``eval`` and ``collect`` (see ``evaluation.build_policy``)."""
+
+    kind: str
+    model: str | None
+    base_url: str | None
+    api_key: str | None
+    concurrency: int
+
+
 def _run_policy_job(
     env: str,
     url: str | None,
     log_dir: Path,
     token: str | None,
-    policy_args: dict[str, Any],
-    job: Callable[[str, Policy], Awaitable[T]],
+    job: Callable[[str, Policy, EpisodeCallbacks], Awaitable[T]],
+    choice: PolicyChoice,
 ) -> T:
-    """Start the env server unless ``url`` is given, build the policy, run ``job(url,
-    policy)``, close both. Bad arguments exit with code 2, a server that fails to start with 1."""
+    """Start the env server unless ``url`` is given, build the ``choice`` of policy,
+    run ``job(url, policy, (on_plan, on_episode))`` under an episode progress bar, close
+    both. Bad arguments exit with code 2, a server that fails to start with 1."""
     from agentgym.evaluation import UsageError, build_policy, check_server, env_server
 
     async def run(server_url: str, policy: Policy) -> T:
+        progress, *callbacks = _episode_progress()
         try:
-            return await job(server_url, policy)
+            with progress:
+                return await job(server_url, policy, tuple(callbacks))
         finally:
             await policy.close()
 
@@ -284,11 +297,21 @@ def _run_policy_job(
                 raise fail(f"{exc} (see the logs in {log_dir}/)") from None
         try:
             asyncio.run(check_server(server_url, env, token))
-            with console.status(f"loading the {policy_args['kind']} policy ..."):
-                policy = build_policy(**policy_args)
+            with console.status(f"loading the {choice.kind} policy ..."):
+                policy = build_policy(
+                    choice.kind,
+                    model=choice.model,
+                    base_url=choice.base_url,
+                    api_key=choice.api_key,
+                    concurrency=choice.concurrency,
+                )
             return asyncio.run(run(server_url, policy))
         except UsageError as exc:
             raise fail(str(exc), EXIT_USAGE) from None
+
+
+EpisodeCallbacks = tuple[Callable[[int, int], None], Callable[["Trajectory"], None]]
+"""``(on_plan(total, done), on_episode(trajectory))``: what drives an episode progress bar."""
 
 
 def _episode_progress() -> tuple[Progress, Callable[[int, int], None], Callable[[Trajectory], None]]:
@@ -379,22 +402,19 @@ def evaluate_policy(
     )
     out = out or Path("runs/eval") / f"{env}-{split}-{policy}-{time.strftime('%Y%m%d-%H%M%S')}"
     config = EvalConfig(env=env, out_dir=out, split=split, n=n, k=k, rollout=rollout)
-    policy_args = {
-        "kind": policy,
-        "model": model,
-        "base_url": base_url,
-        "api_key": api_key,
-        "concurrency": concurrency,
-    }
-    progress, on_plan, on_episode = _episode_progress()
 
-    async def job(server_url: str, built: Policy) -> dict[str, Any]:
-        with progress:
-            return await evaluate(
-                server_url, built, config, token=token, on_plan=on_plan, on_episode=on_episode
-            )
+    async def job(server_url: str, built: Policy, callbacks: EpisodeCallbacks) -> dict[str, Any]:
+        on_plan, on_episode = callbacks
+        return await evaluate(server_url, built, config, token=token, on_plan=on_plan, on_episode=on_episode)
 
-    results = _run_policy_job(env, url, out / "servers", token, policy_args, job)
+    results = _run_policy_job(
+        env,
+        url,
+        out / "servers",
+        token,
+        job,
+        PolicyChoice(policy, model, base_url, api_key, concurrency),
+    )
     console.print(_results_table(results))
     console.print(f"results: {out / RESULTS_FILE}\ntrajectories: {out / TRAJECTORIES_FILE}")
 
@@ -435,33 +455,32 @@ def collect(
             f"unknown --format {output_format!r}; choose one of {', '.join(DATASET_FORMATS)}", EXIT_USAGE
         )
     rollout = _rollout_config(agent_format, max_turns, concurrency, temperature, max_new_tokens, None)
-    policy_args = {
-        "kind": policy,
-        "model": model,
-        "base_url": base_url,
-        "api_key": api_key,
-        "concurrency": concurrency,
-    }
-    progress, on_plan, on_episode = _episode_progress()
 
-    async def job(server_url: str, built: Policy) -> dict[str, int]:
-        with progress:
-            return await collect(
-                server_url,
-                built,
-                env,
-                out,
-                split=split,
-                n=n,
-                rollout=rollout,
-                output_format=output_format,
-                only_success=not keep_failed,
-                token=token,
-                on_plan=on_plan,
-                on_episode=on_episode,
-            )
+    async def job(server_url: str, built: Policy, callbacks: EpisodeCallbacks) -> dict[str, int]:
+        on_plan, on_episode = callbacks
+        return await collect(
+            server_url,
+            built,
+            env,
+            out,
+            split=split,
+            n=n,
+            rollout=rollout,
+            output_format=output_format,
+            only_success=not keep_failed,
+            token=token,
+            on_plan=on_plan,
+            on_episode=on_episode,
+        )
 
-    counts = _run_policy_job(env, url, out.parent / "servers", token, policy_args, job)
+    counts = _run_policy_job(
+        env,
+        url,
+        out.parent / "servers",
+        token,
+        job,
+        PolicyChoice(policy, model, base_url, api_key, concurrency),
+    )
     console.print(
         f"wrote {counts['written']} of {counts['episodes']} episodes to {out} ({counts['errored']} errored)"
     )

@@ -1,0 +1,5 @@
+"""Search environment: multi-hop question answering over a BM25 index (see docs/envs/search.md)."""
+
+from agentgym.envs.search.env import SearchEnv
+
+__all__ = ["SearchEnv"]
