@@ -29,6 +29,8 @@ from typing import Any, ClassVar
 from agentgym.errors import EpisodeOver, InvalidAction, UnknownTask
 
 MAX_ACTION_CHARS = 2000
+WEB_PREFIX = "/site"
+"""Where servers mount an environment's :meth:`TextEnv.web_router` (its own web pages)."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,12 @@ class TextEnv(abc.ABC):
 
     def close(self) -> None:
         """Free the engine. Idempotent."""
+
+    def web_router(self) -> Any:
+        """Optional web pages of the environment (e.g. a website people and browsers use):
+        a FastAPI ``APIRouter`` whose routes servers mount under :data:`WEB_PREFIX`, or
+        ``None`` (the default) for none. Servers ask the catalog instance once, at start-up."""
+        return None
 
     # ----- the contract, implemented once ------------------------------------------
 

@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentgym import registry
-from agentgym.core import TextEnv
+from agentgym.core import WEB_PREFIX, TextEnv
 from agentgym.errors import AgentGymError, InvalidPayload, NotFound, SchemaError, UnknownTask
 from agentgym.servers.compat import compat_router
 from agentgym.servers.metrics import CONTENT_TYPE, ServerMetrics
@@ -102,6 +102,9 @@ def create_app(config: ServerConfig) -> FastAPI:
         app.add_middleware(BearerTokenMiddleware, token=config.token)
     app.include_router(_v1_router(config, catalog, sessions, metrics))
     app.include_router(compat_router(catalog, sessions))
+    web_router = catalog.web_router()
+    if web_router is not None:
+        app.include_router(web_router, prefix=WEB_PREFIX, include_in_schema=False)
     return app
 
 
