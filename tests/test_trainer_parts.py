@@ -133,3 +133,25 @@ def test_logprobs_limited_to_positions_match_the_full_computation() -> None:
     part, part_entropy = token_logprobs(model, ids, attention, positions=positions, with_entropy=True)
     assert torch.allclose(part, full * positions, atol=1e-5)
     assert torch.allclose(part_entropy, full_entropy * positions, atol=1e-5)
+
+
+def test_merged_lora_weights_reproduce_the_adapted_model() -> None:
+    """What a separate generator (vLLM) is sent: plain HF names, adapters merged in."""
+    from peft import LoraConfig, get_peft_model
+
+    from agentgym.trainers.loop import _merged_weights
+
+    adapted = get_peft_model(tiny_model(), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, param in adapted.named_parameters():
+            if "lora_B" in name:  # B starts at zero: make the adapters matter
+                param.normal_(0, 0.5)
+    ids = torch.tensor([[3, 7, 11, 5, 2]])
+    expected = adapted(input_ids=ids).logits
+    plain = tiny_model(seed=1)  # different weights until the merged ones are loaded
+    weights = dict(_merged_weights(adapted))
+    assert set(weights) == set(plain.state_dict())
+    plain.load_state_dict(weights)
+    assert torch.allclose(plain(input_ids=ids).logits, expected, atol=1e-5)
+    assert torch.allclose(adapted(input_ids=ids).logits, expected, atol=1e-6)  # adapters taken out again
+    assert not torch.allclose(tiny_model()(input_ids=ids).logits, expected, atol=1e-3)

@@ -15,6 +15,7 @@ bounds at every update (:func:`bapo_bounds`). See docs/algorithms/ for the formu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -111,15 +112,25 @@ class LossStats:
     """Mean ``logp_old - logp`` over agent tokens."""
 
 
-def positive_share(ratio: Tensor, advantages: Tensor, mask: Tensor, c_low: float, c_high: float) -> Tensor:
+def positive_share(
+    ratio: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    c_low: float,
+    c_high: float,
+    reduce: Callable[[Tensor], Tensor] | None = None,
+) -> Tensor:
     """ρ = P/(P+N) over the tokens that carry gradient: ``P = Σ r·A`` over A>0 with
     ``r ≤ c_high``, ``N = Σ r·|A|`` over A<0 with ``r ≥ c_low``. Clipped tokens (A>0 above
     c_high, A<0 below c_low) get no gradient, so they count for neither side; that is why
     raising c_high (admitting positives) and raising c_low (dropping negatives) both raise ρ.
+    ``reduce`` sums ``[P, N]`` over data-parallel ranks, so each rank's share of a minibatch
+    gives the ρ of the whole minibatch.
     """
     active = torch.where(advantages >= 0, ratio <= c_high, ratio >= c_low) & mask.bool()
     contribution = (ratio * advantages).where(active, torch.zeros_like(ratio))
-    positive, negative = contribution.clamp(min=0).sum(), (-contribution).clamp(min=0).sum()
+    sums = torch.stack([contribution.clamp(min=0).sum(), (-contribution).clamp(min=0).sum()])
+    positive, negative = reduce(sums) if reduce is not None else sums
     total = positive + negative
     return positive / total if total > 0 else torch.ones((), dtype=ratio.dtype)
 
@@ -183,7 +194,12 @@ class BapoConfig:
 
 
 def bapo_bounds(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, config: BapoConfig = BapoConfig()
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    config: BapoConfig = BapoConfig(),
+    reduce: Callable[[Tensor], Tensor] | None = None,
 ) -> tuple[float, float, float]:
     """Search ``(c_low, c_high)`` for one update; returns them and the reached ρ.
 
@@ -196,7 +212,7 @@ def bapo_bounds(
     with torch.no_grad():
         ratio = torch.exp((logp - old_logp).clamp(-20, 20))
         c_low, c_high = config.low_start, config.high_start
-        rho = float(positive_share(ratio, advantages, mask, c_low, c_high))
+        rho = float(positive_share(ratio, advantages, mask, c_low, c_high, reduce))
         while rho < config.rho0:
             if c_high < config.high_max - 1e-9:
                 c_high = min(c_high + config.high_step, config.high_max)
@@ -204,7 +220,7 @@ def bapo_bounds(
                 c_low = min(c_low + config.low_step, config.low_max)
             else:
                 break
-            rho = float(positive_share(ratio, advantages, mask, c_low, c_high))
+            rho = float(positive_share(ratio, advantages, mask, c_low, c_high, reduce))
     return c_low, c_high, rho
 
 

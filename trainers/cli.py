@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -32,6 +34,10 @@ def train(
     ] = [],  # noqa: B006 - typer reads the default, never mutates it
     out: Annotated[Path | None, typer.Option(help="Run folder (default runs/<algo>-<env>-<time>).")] = None,
     resume: Annotated[bool, typer.Option(help="Continue the run in --out from its last checkpoint.")] = False,
+    nproc: Annotated[
+        int,
+        typer.Option(min=1, help="Data-parallel processes (torch.distributed: gloo on CPU, nccl on GPU)."),
+    ] = 1,
 ) -> None:
     """Train a policy with multi-turn RL on rollouts from env servers."""
     from agentgym.cli import fail, parse_settings, require_env
@@ -46,16 +52,40 @@ def train(
         raise fail(str(exc), 2) from None
     require_env(resolved.env)
     run_dir = Path(resolved.output_dir)
-    if not resume and (run_dir / "metrics.jsonl").exists():
+    rank = int(os.environ.get("RANK", "0"))  # set by torchrun in each data-parallel process
+    if not resume and rank == 0 and (run_dir / "metrics.jsonl").exists():
         raise fail(f"{run_dir} already holds a run: continue it with --resume, or pick another --out", 2)
-    console.print(f"run folder: {run_dir}  ({resolved.algo}, {resolved.schedule} schedule, {resolved.env})")
+    if rank == 0:
+        console.print(
+            f"run folder: {run_dir}  ({resolved.algo}, {resolved.schedule} schedule, {resolved.env})"
+        )
+    if nproc > 1 and "WORLD_SIZE" not in os.environ:
+        _launch_data_parallel(nproc, resolved, run_dir, resume)
+        return
     started = time.perf_counter()
     Trainer(resolved, run_dir, resume=resume).run()
+    if rank != 0:
+        return
     png = plot_run(run_dir)
     console.print(
         f"done in {time.perf_counter() - started:.0f}s: metrics {run_dir / 'metrics.jsonl'}, "
         f"checkpoints {run_dir / 'checkpoints'}, plot {png}"
     )
+
+
+def _launch_data_parallel(nproc: int, config: TrainConfig, run_dir: Path, resume: bool) -> None:
+    """Run ``nproc`` trainers under torchrun. They all read the config saved in the run folder
+    (``train --resume`` on a folder without checkpoints starts at step 1), so every rank
+    trains with exactly the resolved config, whatever flags or files produced it."""
+    from agentgym.cli import fail
+    from agentgym.trainers.distributed import launch_command
+
+    if not resume:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        config.save(run_dir / "config.yaml")
+    code = subprocess.call(launch_command(nproc, ["train", "--resume", "--out", str(run_dir)]))
+    if code:
+        raise fail(f"data-parallel training failed (exit code {code}); see the messages above", 1)
 
 
 def _resolve_config(

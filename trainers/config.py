@@ -84,6 +84,12 @@ class TrainConfig:
     there, about halving a CPU update of SmolLM2 (30 layers) at little cost in quality."""
     bf16: bool = True
     """Use bfloat16 where the hardware supports it (CUDA); fp32 on CPU."""
+    generator: str = "hf"
+    """Who samples the rollouts. ``hf``: the model being trained, in-process (no weight
+    transfer). ``vllm``: a vLLM engine on the GPU (the ``vllm`` extra) that receives the
+    updated weights (LoRA merged) before every rollout."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """``generator: vllm``: GPU memory share of the engine (the trainer needs the rest)."""
 
     # ----- rollouts ------------------------------------------------------------------
     steps: int = 4
@@ -188,6 +194,8 @@ class TrainConfig:
             problems.append(f"algo must be one of {', '.join(RL_ALGOS)}")
         if self.schedule not in ("fixed", "scaling-inter"):
             problems.append("schedule must be 'fixed' or 'scaling-inter'")
+        if self.generator not in ("hf", "vllm"):
+            problems.append("generator must be 'hf' or 'vllm'")
         if self.loss_aggregation not in ("token-mean", "seq-mean"):
             problems.append("loss_aggregation must be 'token-mean' or 'seq-mean'")
         for name in (

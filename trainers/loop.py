@@ -40,6 +40,7 @@ from agentgym.trainers.algorithms import (
 from agentgym.trainers.batch import TokenBatch, collate, token_logprobs
 from agentgym.trainers.checkpoint import MetricsLog, RunDir
 from agentgym.trainers.config import ALGORITHMS, TrainConfig
+from agentgym.trainers.distributed import DataParallel, sharded_index
 from agentgym.trainers.schedules import FixedHorizon, ScalingInterHorizon
 from agentgym.trajectory import Trajectory, TrajectoryWriter, read_trajectories
 
@@ -86,30 +87,43 @@ class Trainer:
     # ----- the whole algorithm -------------------------------------------------------
 
     def run(self) -> Path:
-        torch.manual_seed(self.config.seed)
+        torch.manual_seed(self.config.seed)  # the same on every rank: identical initial adapters
         random.seed(self.config.seed)
-        with self._env_server() as url:
-            self.url = url
-            self._load_model()
-            start = self._restore()
+        self.dp = DataParallel.from_env()
+        try:
+            # One event loop for the whole run: a vLLM engine stays bound to the loop it started on.
+            with self._env_server() as url, asyncio.Runner() as self._loop:
+                self.url = url
+                self._load_model()
+                self._train_from(self._restore())
+                self._run(self.generator.close())
+        finally:
+            self.dp.close()
+        return self.run_dir.path
+
+    def _train_from(self, start: int) -> None:
+        if self.dp.main:
             self.metrics = MetricsLog(
                 self.run_dir.metrics_path,
                 resume_step=start - 1 if self.resume else None,
                 tensorboard_dir=self.run_dir.path / "tensorboard",
             )
-            with _progress() as progress:
-                bar = progress.add_task("training", total=self.total_steps, completed=start - 1)
-                for step in range(start, self.total_steps + 1):
-                    record = self._bc_step(step) if step <= self.config.bc_steps else self._rl_step(step)
-                    if self._eval_due(step):
-                        record["eval_success_rate"] = self._evaluate()
-                    self.metrics.log(record)
-                    if step % self.config.checkpoint_every == 0 or step == self.total_steps:
-                        self.run_dir.save_checkpoint(
-                            step, self.model, self.optimizer, {"phase": record["phase"]}
-                        )
-                    progress.update(bar, advance=1, description=_describe(record))
-        return self.run_dir.path
+        self.generator = self._start_generator()
+        with _progress(visible=self.dp.main) as progress:
+            bar = progress.add_task("training", total=self.total_steps, completed=start - 1)
+            for step in range(start, self.total_steps + 1):
+                record = self._bc_step(step) if step <= self.config.bc_steps else self._rl_step(step)
+                if self.dp.main:  # the other ranks go on to the next step and wait for rank 0 there
+                    self._finish_step(step, record)
+                progress.update(bar, advance=1, description=_describe(record))
+
+    def _finish_step(self, step: int, record: dict[str, Any]) -> None:
+        """Rank 0: evaluate when due, log the step, checkpoint when due."""
+        if self._eval_due(step):
+            record["eval_success_rate"] = self._evaluate()
+        self.metrics.log(record)
+        if step % self.config.checkpoint_every == 0 or step == self.total_steps:
+            self.run_dir.save_checkpoint(step, self.model, self.optimizer, {"phase": record["phase"]})
 
     def _bc_step(self, step: int) -> dict[str, Any]:
         """One optimizer step of behaviour cloning on a minibatch of expert episodes."""
@@ -172,10 +186,11 @@ class Trainer:
         """One optimizer step: BAPO searches its bounds on the whole minibatch first."""
         algorithm = ALGORITHMS[self.config.algo]
         if algorithm.loss == "bapo":
+            local = minibatch.select(sharded_index(self._micro_batches(minibatch), self.dp))
             with torch.no_grad():
-                logp, _ = self._logprobs(minibatch)
+                logp = self._logprobs(local)[0] if len(local) else torch.zeros_like(local.old_logp)
             c_low, c_high, _ = bapo_bounds(
-                logp, minibatch.old_logp, minibatch.weights, minibatch.loss_mask, self.config.bapo
+                logp, local.old_logp, local.weights, local.loss_mask, self.config.bapo, reduce=self.dp.sum
             )
         else:
             c_low, c_high = 1 - self.config.clip.eps_low, 1 + self.config.clip.eps_high
@@ -204,6 +219,7 @@ class Trainer:
             return loss
 
         loss = self._optimizer_step(minibatch, loss_fn)
+        stats, entropies = self.dp.gather(stats), self.dp.gather(entropies)
         merged = {key: _mean(getattr(s, key) for s in stats) for key in asdict(stats[0])}
         return {**merged, "clip_low": c_low, "clip_high": c_high, "entropy": _mean(entropies), "loss": loss}
 
@@ -231,22 +247,29 @@ class Trainer:
     def _optimizer_step(self, minibatch: TokenBatch, loss_fn: Any) -> float:
         """Accumulate gradients over micro-batches (each weighted by its share of episodes),
         clip, step. Returns the minibatch loss."""
+        self._generator_stale = self.config.generator == "vllm"
         with self.policy.weights_lock:  # the policy's batcher never samples from half-updated weights
             return self._accumulate_and_step(minibatch, loss_fn)
 
     def _accumulate_and_step(self, minibatch: TokenBatch, loss_fn: Any) -> float:
+        """This rank's micro-batches of ``minibatch`` (all of them in one process), each
+        weighted by its share of the whole minibatch; gradients summed over ranks."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        total = 0.0
-        for index in minibatch.by_length().split(self.config.micro_batch_size):
+        total = torch.zeros(())
+        for index in self.dp.shard(self._micro_batches(minibatch)):
             share = len(index) / len(minibatch)
             loss = loss_fn(minibatch.select(index).trimmed().to(self.device)) * share
             loss.backward()
-            total += loss.detach().item()
+            total += loss.detach().cpu()
+        self.dp.sum_gradients(self._trainable)
         torch.nn.utils.clip_grad_norm_(self._trainable, self.config.max_grad_norm)
         self.optimizer.step()
         self.model.eval()
-        return total
+        return self.dp.sum(total.to(self.device)).item()
+
+    def _micro_batches(self, minibatch: TokenBatch) -> tuple[torch.Tensor, ...]:
+        return minibatch.by_length().split(self.config.micro_batch_size)
 
     def _reference_logp(self, micro: TokenBatch) -> torch.Tensor:
         """Log-probs under the initial policy: the base model with the adapters switched off."""
@@ -278,9 +301,9 @@ class Trainer:
     def _collect(self, step: int, horizon: int) -> list[Trajectory]:
         rng = random.Random(self.config.seed * 1_000_003 + step)  # same tasks after a resume
         tasks = rng.sample(self.train_tasks, min(self.config.tasks_per_step, len(self.train_tasks)))
-        specs = [
+        specs = [  # each rank plays whole groups: those of every world-th task
             EpisodeSpec(task, sample=k, split="train")
-            for task in tasks
+            for task in self.dp.shard(tasks)
             for k in range(self.config.group_size)
         ]
         # No per-request seed: the samples of a group must differ (one shared seed makes them identical).
@@ -293,7 +316,9 @@ class Trainer:
             concurrency=self.config.concurrency,
             format=self.config.agent_format,
         )
-        trajectories = self._play(self.policy, specs, rollout)
+        trajectories = self.dp.gather(self._play(self.generator, specs, rollout))
+        if not self.dp.main:
+            return trajectories
         folder = self.run_dir.path / "rollouts"
         folder.mkdir(exist_ok=True)
         with TrajectoryWriter(folder / f"step-{step:06d}.jsonl", fsync=False) as writer:
@@ -311,7 +336,7 @@ class Trainer:
         )
         sampling = SamplingParams(temperature=0.0, max_new_tokens=self.config.max_new_tokens)
         trajectories = self._play(
-            self.policy,
+            self.generator,
             [EpisodeSpec(t, split="test") for t in tasks],
             RolloutConfig(
                 max_turns=horizon,
@@ -327,7 +352,7 @@ class Trainer:
         if getattr(self, "_expert", None) is not None:
             return self._expert
         path = self.run_dir.path / "expert.jsonl"
-        if not path.exists() or not read_trajectories(path):
+        if self.dp.main and (not path.exists() or not read_trajectories(path)):
             specs = [EpisodeSpec(t, split="train") for t in self.train_tasks[: self.config.bc_episodes]]
             episodes = self._play(
                 TokenizedExpert(self.tokenizer),
@@ -342,13 +367,36 @@ class Trainer:
                         and len(episode.token_ids) <= self.config.bc_max_tokens
                     ):
                         writer.write(episode)
+        self.dp.barrier()  # the other ranks read what rank 0 wrote
         self._expert = read_trajectories(path)
         if not self._expert:
             raise RuntimeError("the expert solved no train task: nothing to clone")
         return self._expert
 
     def _play(self, policy: Any, specs: list[EpisodeSpec], rollout: RolloutConfig) -> list[Trajectory]:
-        return asyncio.run(run_episodes(self.url, policy, specs, rollout))
+        if policy is self.generator and self._generator_stale:
+            self._run(self.generator.update_weights(list(_merged_weights(self.model))))
+            self._generator_stale = False
+        return self._run(run_episodes(self.url, policy, specs, rollout))
+
+    def _run(self, coroutine: Any) -> Any:
+        return self._loop.run(coroutine)
+
+    def _start_generator(self) -> Any:
+        """The policy that samples rollouts: the trained model itself, or a vLLM engine that
+        is sent the current weights before it next samples (``_generator_stale``)."""
+        self._generator_stale = self.config.generator == "vllm"
+        if self.config.generator == "vllm" and self.dp.world > 1:
+            raise ValueError("generator: vllm runs in one process; use --nproc 1")
+        if self.config.generator == "hf":
+            return self.policy
+        from agentgym.policies.vllm import VLLMPolicy
+
+        return VLLMPolicy(
+            self.config.model,
+            dtype="bfloat16" if self._dtype() == torch.bfloat16 else "auto",
+            gpu_memory_utilization=self.config.vllm_gpu_memory_utilization,
+        )
 
     def _eval_due(self, step: int) -> bool:
         every, t = self.config.eval_every, step - self.config.bc_steps
@@ -376,7 +424,7 @@ class Trainer:
             server.stop()
 
     def _load_model(self) -> None:
-        self.policy = HFPolicy(self.config.model, dtype=self._dtype())
+        self.policy = HFPolicy(self.config.model, dtype=self._dtype(), device=self.dp.device())
         self.tokenizer = self.policy.tokenizer
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.device = self.policy.device
@@ -422,13 +470,10 @@ class Trainer:
 
     def _restore(self) -> int:
         """First step to run: 1, or the step after the latest checkpoint when resuming."""
-        config_path = self.run_dir.path / "config.yaml"
-        if not self.resume:
-            self.config.save(config_path)
-            return 1
-        checkpoint = self.run_dir.latest_checkpoint()
+        checkpoint = self.run_dir.latest_checkpoint() if self.resume else None
         if checkpoint is None:
-            self.config.save(config_path)
+            if self.dp.main:
+                self.config.save(self.run_dir.path / "config.yaml")
             return 1
         state = RunDir.load_checkpoint(checkpoint, self.model, self.optimizer)
         log.info("resumed from %s (step %d)", checkpoint, state["step"])
@@ -438,6 +483,23 @@ class Trainer:
         if self.config.bf16 and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
             return torch.bfloat16
         return None
+
+
+def _merged_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The model's weights under their Hugging Face names, LoRA adapters merged in: what a
+    separate generator (vLLM) loads. Copies, because the adapters are taken out again."""
+    lora = hasattr(model, "merge_adapter")
+    if not lora:
+        return [(name, t.detach().clone()) for name, t in model.state_dict().items()]
+    model.merge_adapter()
+    try:
+        return [
+            (name.removeprefix("base_model.model.").replace(".base_layer", ""), t.detach().clone())
+            for name, t in model.state_dict().items()
+            if "lora_" not in name
+        ]
+    finally:
+        model.unmerge_adapter()
 
 
 def _rollout_stats(trajectories: list[Trajectory]) -> dict[str, Any]:
@@ -466,7 +528,11 @@ def _describe(record: dict[str, Any]) -> str:
     return f"rl  success {record['success_rate']:.2f} turns≤{record['max_turns']}"
 
 
-def _progress() -> Progress:
+def _progress(visible: bool = True) -> Progress:
     return Progress(
-        TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
+        TextColumn("{task.description:<28}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        disable=not visible,
     )

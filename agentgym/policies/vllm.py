@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
 import uuid
 from types import ModuleType
 from typing import Any
@@ -85,6 +86,18 @@ class VLLMPolicy:
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
 
+    async def update_weights(self, weights: list[tuple[str, Any]]) -> None:
+        """Load ``(name, tensor)`` pairs (Hugging Face parameter names, full tensors) into the
+        engine's model on every worker, then drop the prefix cache, whose KV entries were
+        computed with the old weights. The trainer calls this after each update.
+
+        The loader runs inside vLLM's workers (``collective_rpc``); with vLLM's V1 engine in
+        separate processes the function and tensors are pickled, which vLLM allows only with
+        ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (set here: the function is our own)."""
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        await self.engine.collective_rpc(_load_weights, args=(weights,))
+        await self.engine.reset_prefix_cache()
+
     async def close(self) -> None:
         shutdown = getattr(self.engine, "shutdown", None)
         if shutdown is not None:
@@ -103,6 +116,11 @@ class VLLMPolicy:
         logprobs = [step[token].logprob for step, token in zip(completion.logprobs, token_ids, strict=True)]
         reason = "length" if completion.finish_reason == "length" else "stop"
         return Generation(completion.text, token_ids, logprobs, reason)
+
+
+def _load_weights(worker: Any, weights: list[tuple[str, Any]]) -> None:
+    """Runs in each vLLM worker: the model's own loader maps HF names to its fused layers."""
+    worker.model_runner.model.load_weights(weights=[(name, t.to(worker.device)) for name, t in weights])
 
 
 def _import_vllm() -> ModuleType:

@@ -1,0 +1,84 @@
+"""Data-parallel training: `agentgym train --nproc 2` (torchrun, gloo on CPU) computes the
+same losses as one process on the same global batches.
+
+A tiny randomly initialised Llama with SmolLM2's tokenizer keeps two processes cheap; the
+steps compared are behaviour-cloning steps on `choice`'s expert episodes, whose batches
+are the same in both runs (sampled rollouts would differ between runs, their losses too).
+Then one RL step (BAPO, whose bound search sums P and N over ranks) must run too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from agentgym.policies.models import resolve_model
+
+BC_STEPS = 2
+SETTINGS = {
+    "bc_steps": BC_STEPS,
+    "bc_batch_size": 4,
+    "bc_episodes": 8,
+    "steps": 1,
+    "tasks_per_step": 2,
+    "group_size": 2,
+    "minibatch_size": 4,
+    "micro_batch_size": 2,
+    "max_turns": 1,
+    "max_new_tokens": 4,
+    "agent_format": "plain",
+    "eval_every": 0,
+    "eval_tasks": 2,
+    "concurrency": 4,
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory, agentgym_cache: str) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"))
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+    )
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def train(run: Path, model: Path, nproc: int) -> list[dict]:
+    args = ["--algo", "bapo", "--schedule", "fixed", "--env", "choice", "--model", str(model)]
+    args += [f"--set={key}={value}" for key, value in SETTINGS.items()]
+    command = [sys.executable, "-m", "agentgym.cli", "train", *args, "--out", str(run), "--nproc", str(nproc)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_two_processes_give_the_losses_of_one(tiny_model: Path, tmp_path: Path) -> None:
+    single = train(tmp_path / "one", tiny_model, nproc=1)
+    double = train(tmp_path / "two", tiny_model, nproc=2)
+    assert [r["step"] for r in double] == [1, 2, 3]  # 2 BC steps, 1 RL step, logged once each
+    for one, two in zip(single[:BC_STEPS], double[:BC_STEPS], strict=True):
+        assert two["loss"] == pytest.approx(one["loss"], rel=1e-4), (one, two)
+    rl = double[-1]
+    assert rl["phase"] == "rl" and rl["episodes"] == SETTINGS["tasks_per_step"] * SETTINGS["group_size"]
+    assert rl["clip_high"] >= 1.0 and 0.0 <= rl["positive_share"] <= 1.0
+    rollouts = (tmp_path / "two" / "rollouts" / "step-000003.jsonl").read_text().splitlines()
+    assert len(rollouts) == SETTINGS["tasks_per_step"] * SETTINGS["group_size"]  # both ranks' episodes
+    assert (tmp_path / "two" / "checkpoints" / "latest").exists()
