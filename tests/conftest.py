@@ -6,6 +6,8 @@ import os
 from collections.abc import Iterator
 
 import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from agentgym.servers.app import ServerConfig
 from agentgym.servers.launcher import serve_in_thread
@@ -29,3 +31,19 @@ def textworld_url(agentgym_cache: str) -> Iterator[str]:
     """A real textworld server on loopback, shared by the tests that only read or use own sessions."""
     with serve_in_thread(ServerConfig(env="textworld", max_sessions=128)) as url:
         yield url
+
+
+def tiny_llama(vocab_size: int = 50, seed: int = 0) -> LlamaForCausalLM:
+    """A two-layer Llama with random weights: cheap where a test needs a real model, not a good one."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+    )
+    return LlamaForCausalLM(config)

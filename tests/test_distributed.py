@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from conftest import tiny_llama
+from transformers import AutoTokenizer
 
 from agentgym.policies.models import resolve_model
 
@@ -44,18 +44,7 @@ SETTINGS = {
 def tiny_model(tmp_path_factory: pytest.TempPathFactory, agentgym_cache: str) -> Path:
     folder = tmp_path_factory.mktemp("tiny-llama")
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"))
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-    )
-    LlamaForCausalLM(config).save_pretrained(folder)
+    tiny_llama(vocab_size=len(tokenizer)).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 

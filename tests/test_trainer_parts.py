@@ -6,7 +6,8 @@ import math
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from conftest import tiny_llama
+from transformers import LlamaForCausalLM
 
 from agentgym.trainers.batch import collate, token_logprobs
 from agentgym.trainers.checkpoint import MetricsLog, RunDir
@@ -14,17 +15,7 @@ from agentgym.trainers.config import TrainConfig
 
 
 def tiny_model(seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=50,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=64,
-    )
-    return LlamaForCausalLM(config)
+    return tiny_llama(seed=seed)
 
 
 def test_config_overrides_validation_and_round_trip(tmp_path) -> None:
