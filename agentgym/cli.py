@@ -32,6 +32,7 @@ from agentgym.trainers.cli import register as register_training_commands
 if TYPE_CHECKING:
     from agentgym.policies.base import Policy
     from agentgym.rollout import RolloutConfig
+    from agentgym.servers.launcher import ServerProcess
     from agentgym.trajectory import Trajectory
 
 app = typer.Typer(
@@ -75,7 +76,7 @@ def serve(
     host: Annotated[
         str, typer.Option(help="Interface to bind; 0.0.0.0 exposes it to the network.")
     ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    port: Annotated[int, typer.Option(envvar="AGENTGYM_PORT", help="TCP port.")] = 8000,
     max_sessions: Annotated[int, typer.Option(min=1, help="Live sessions at most (429 beyond).")] = 64,
     ttl: Annotated[float, typer.Option(min=1, help="Idle seconds before a session is closed.")] = 600.0,
     token: Annotated[
@@ -111,35 +112,101 @@ def serve(
     uvicorn.run(application, host=host, port=port, log_level=log_level, timeout_keep_alive=KEEP_ALIVE_S)
 
 
+def parse_replica_counts(specs: list[str]) -> dict[str, int]:
+    """``["textworld=3", "search"]`` -> ``{"textworld": 3, "search": 1}``; exits 2 on a bad one."""
+    counts: dict[str, int] = {}
+    for spec in specs:
+        name, sep, count = spec.partition("=")
+        require_env(name)
+        if sep and not (count.isdigit() and int(count) >= 1):
+            raise fail(f"expected ENV or ENV=N with N >= 1, got {spec!r}", EXIT_USAGE)
+        counts[name] = int(count) if sep else 1
+    return counts
+
+
+def parse_replica_urls(pairs: list[str], config: Path | None) -> dict[str, list[str]]:
+    """Replica URLs per env from ``--replica ENV=URL`` flags and a YAML file
+    ``{replicas: {ENV: [URL, ...]}}`` (both add up); exits 2 on a bad entry."""
+    replicas: dict[str, list[str]] = {}
+    if config is not None:
+        loaded = yaml.safe_load(config.read_text()) or {}
+        for env, urls in (loaded.get("replicas") or {}).items():
+            replicas.setdefault(env, []).extend([urls] if isinstance(urls, str) else urls)
+    for pair in pairs:
+        env, sep, url = pair.partition("=")
+        if not sep or not url.startswith(("http://", "https://")):
+            raise fail(f"--replica expects ENV=http://HOST:PORT, got {pair!r}", EXIT_USAGE)
+        replicas.setdefault(env, []).append(url)
+    if not replicas:
+        raise fail("no replicas: give --replica ENV=URL (repeatable) or --config FILE", EXIT_USAGE)
+    return replicas
+
+
+@app.command()
+def gateway(
+    replica: Annotated[
+        list[str], typer.Option(help="A replica: ENV=URL of an env server; repeat for more.")
+    ] = [],  # noqa: B006 - typer reads the default, never mutates it
+    config: Annotated[
+        Path | None, typer.Option(exists=True, dir_okay=False, help="YAML: {replicas: {ENV: [URL, ...]}}.")
+    ] = None,
+    host: Annotated[str, typer.Option(help="Interface to bind; 0.0.0.0 exposes it.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(envvar="AGENTGYM_PORT", help="TCP port.")] = 8100,
+    health_interval: Annotated[float, typer.Option(min=0.1, help="Seconds between replica polls.")] = 2.0,
+    timeout: Annotated[float, typer.Option(min=1, help="Seconds a forwarded request may take.")] = 120.0,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+) -> None:
+    """Serve /envs/ENV/... from replicas of each env: new sessions to the least-loaded
+    healthy replica, every later call of a session to its replica."""
+    import uvicorn
+
+    from agentgym.servers.gateway import GatewayConfig, create_gateway_app
+    from agentgym.servers.launcher import KEEP_ALIVE_S
+
+    settings = GatewayConfig(
+        parse_replica_urls(replica, config), health_interval=health_interval, timeout=timeout
+    )
+    application = create_gateway_app(settings)
+    uvicorn.run(application, host=host, port=port, log_level=log_level, timeout_keep_alive=KEEP_ALIVE_S)
+
+
 @app.command()
 def up(
-    envs: Annotated[list[str] | None, typer.Argument(help="Environments to start (default: all).")] = None,
+    envs: Annotated[
+        list[str] | None,
+        typer.Argument(help="Environments to start, ENV or ENV=REPLICAS (default: all, one each)."),
+    ] = None,
     host: Annotated[str, typer.Option(help="Interface the servers bind.")] = "127.0.0.1",
     log_dir: Annotated[str, typer.Option(help="Folder for the servers' logs.")] = "runs/servers",
     timeout: Annotated[float, typer.Option(help="Seconds to wait for each server's /health.")] = 180.0,
+    use_gateway: Annotated[
+        bool | None,
+        typer.Option("--gateway/--no-gateway", help="Put a gateway in front (default: if any ENV=N)."),
+    ] = None,
+    gateway_port: Annotated[int, typer.Option(help="The gateway's port (if free).")] = 8100,
 ) -> None:
-    """Start local env servers as subprocesses; Ctrl-C stops them all."""
-    from agentgym.servers.launcher import serve_processes
+    """Start local env servers as subprocesses (with ENV=N, N replicas behind a gateway);
+    Ctrl-C stops them all."""
+    from agentgym.servers.launcher import serve_fleet, serve_processes
 
-    chosen = envs or registry.names()
-    for name in chosen:
-        require_env(name)
+    specs = envs or registry.names()
+    counts = parse_replica_counts(specs)
+    if use_gateway is None:
+        use_gateway = any("=" in spec for spec in specs)
     os.makedirs(log_dir, exist_ok=True)
-    with console.status(f"starting {', '.join(chosen)} ..."):
+    if use_gateway:
+        starting = serve_fleet(counts, host=host, log_dir=log_dir, timeout=timeout, gateway_port=gateway_port)
+    else:
+        starting = serve_processes(list(counts), host=host, log_dir=log_dir, timeout=timeout)
+    with console.status(f"starting {', '.join(specs)} ..."):
         stack = contextlib.ExitStack()
         try:
-            servers = stack.enter_context(
-                serve_processes(chosen, host=host, log_dir=log_dir, timeout=timeout)
-            )
+            servers = stack.enter_context(starting)
         except (RuntimeError, TimeoutError) as exc:
             stack.close()
             raise fail(f"{exc} (see the logs in {log_dir}/)") from None
     with stack:
-        table = Table("env", "url", "pid", "log", title="AgentGym env servers")
-        for server in servers:
-            table.add_row(server.env, server.url, str(server.process.pid), server.log_path or "-")
-        console.print(table)
-        console.print("Press Ctrl-C to stop them.")
+        _print_servers(servers, list(counts) if use_gateway else [])
         try:
             while all(server.process.poll() is None for server in servers):
                 time.sleep(0.5)
@@ -148,6 +215,17 @@ def up(
         except KeyboardInterrupt:
             console.print("stopping ...")
     console.print("all servers stopped.")
+
+
+def _print_servers(servers: list[ServerProcess], gateway_envs: list[str]) -> None:
+    """The table of started servers; with a gateway (last server), the URL clients use per env."""
+    table = Table("env", "url", "pid", "log", title="AgentGym env servers")
+    for server in servers:
+        table.add_row(server.env, server.url, str(server.process.pid), server.log_path or "-")
+    console.print(table)
+    for env in gateway_envs:
+        console.print(f"{env}: {servers[-1].url}/envs/{env}")
+    console.print("Press Ctrl-C to stop them.")
 
 
 @app.command("envs")

@@ -95,7 +95,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         responses=ERROR_RESPONSES,
     )
     app.state.sessions, app.state.catalog, app.state.metrics = sessions, catalog, metrics
-    _install_error_handlers(app)
+    install_error_handlers(app)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_body_bytes)
     if config.token:
@@ -213,7 +213,7 @@ def _reset_kwargs(body: CreateSessionRequest | ResetRequest | None) -> dict[str,
     return {"task_id": body.task_id, "seed": body.seed, "options": options}
 
 
-def _install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI) -> None:
     def error_response(exc: AgentGymError) -> JSONResponse:
         headers = {"Retry-After": str(max(1, round(exc.retry_after)))} if exc.retry_after else None
         return JSONResponse(exc.to_body(), status_code=exc.status, headers=headers)

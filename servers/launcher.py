@@ -1,5 +1,6 @@
 """Start env servers: in a background thread (tests, notebooks) or as subprocesses
-(``agentgym up``), and wait until their ``/health`` answers."""
+(``agentgym up``), optionally several replicas per env behind a gateway, and wait until
+their ``/health`` answers."""
 
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ equal timeouts race, and a request sent on a connection the server is closing fa
 
 DEFAULT_PORTS = {"textworld": 8101, "webshop": 8102, "search": 8103, "sciworld": 8104, "choice": 8105}
 """Ports ``agentgym up`` gives the built-in environments; others get the next free port."""
+
+GATEWAY_PORT = 8100
+"""Default port of ``agentgym gateway`` and of the gateway ``agentgym up env=N`` starts."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -97,14 +101,31 @@ def start_server_process(
     log_path: str | None = None,
 ) -> ServerProcess:
     """Launch ``agentgym serve ENV`` as a child process (not yet waited for)."""
+    return _spawn(env, ["serve", env], host, port, extra_args or [], log_path)
+
+
+def start_gateway_process(
+    replicas: dict[str, list[str]],
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    log_path: str | None = None,
+) -> ServerProcess:
+    """Launch ``agentgym gateway`` in front of ``replicas`` (env -> URLs) as a child process."""
+    flags = [arg for env, urls in replicas.items() for url in urls for arg in ("--replica", f"{env}={url}")]
+    return _spawn("gateway", ["gateway"], host, port, flags, log_path)
+
+
+def _spawn(
+    name: str, command: list[str], host: str, port: int | None, extra_args: list[str], log_path: str | None
+) -> ServerProcess:
     port = port or free_port(host)
-    cmd = [sys.executable, "-m", "agentgym.cli", "serve", env, "--host", host, "--port", str(port)]
-    cmd += extra_args or []
+    cmd = [sys.executable, "-m", "agentgym.cli", *command, "--host", host, "--port", str(port), *extra_args]
     log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - handed to the child
     process = subprocess.Popen(
         cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ}, preexec_fn=_die_with_parent
     )
-    return ServerProcess(env, f"http://{host}:{port}", process, log_path, extra_args or [])
+    return ServerProcess(name, f"http://{host}:{port}", process, log_path, extra_args)
 
 
 @contextlib.contextmanager
@@ -112,18 +133,56 @@ def serve_processes(
     envs: list[str], host: str = "127.0.0.1", log_dir: str | None = None, timeout: float = 180.0
 ) -> Iterator[list[ServerProcess]]:
     """Start one server process per env, wait until all are healthy, stop them all on exit."""
-    servers: list[ServerProcess] = []
-    try:
+    with _stopped_on_exit() as servers:
         for env in envs:
             port = DEFAULT_PORTS.get(env) if _port_free(host, DEFAULT_PORTS.get(env)) else None
-            log_path = os.path.join(log_dir, f"{env}.log") if log_dir else None
-            servers.append(start_server_process(env, host=host, port=port, log_path=log_path))
-        for server in servers:
-            wait_healthy(server.url, timeout, server.process)
+            servers.append(start_server_process(env, host=host, port=port, log_path=_log(log_dir, env)))
+        _wait_all(servers, timeout)
+        yield servers
+
+
+@contextlib.contextmanager
+def serve_fleet(
+    replicas: dict[str, int],
+    host: str = "127.0.0.1",
+    log_dir: str | None = None,
+    timeout: float = 180.0,
+    gateway_port: int = GATEWAY_PORT,
+) -> Iterator[list[ServerProcess]]:
+    """Start ``replicas[env]`` server processes per env (on free ports) and a gateway in
+    front of them (on ``gateway_port`` if free); the gateway comes last in the yielded list.
+    Waits until all are healthy, stops them all on exit."""
+    with _stopped_on_exit() as servers:
+        for env, count in replicas.items():
+            for i in range(1, count + 1):
+                servers.append(start_server_process(env, host=host, log_path=_log(log_dir, f"{env}-{i}")))
+        _wait_all(servers, timeout)
+        urls = {env: [s.url for s in servers if s.env == env] for env in replicas}
+        port = gateway_port if _port_free(host, gateway_port) else None
+        servers.append(start_gateway_process(urls, host=host, port=port, log_path=_log(log_dir, "gateway")))
+        _wait_all(servers[-1:], timeout)
+        yield servers
+
+
+@contextlib.contextmanager
+def _stopped_on_exit() -> Iterator[list[ServerProcess]]:
+    """A list to put started servers in; all are stopped on exit, the last started first
+    (so a gateway goes before its replicas)."""
+    servers: list[ServerProcess] = []
+    try:
         yield servers
     finally:
-        for server in servers:
+        for server in reversed(servers):
             server.stop()
+
+
+def _wait_all(servers: list[ServerProcess], timeout: float) -> None:
+    for server in servers:
+        wait_healthy(server.url, timeout, server.process)
+
+
+def _log(log_dir: str | None, name: str) -> str | None:
+    return os.path.join(log_dir, f"{name}.log") if log_dir else None
 
 
 def _die_with_parent() -> None:

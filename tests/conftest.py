@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 from collections.abc import Iterator
 
+import psutil
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -47,3 +50,13 @@ def tiny_llama(vocab_size: int = 50, seed: int = 0) -> LlamaForCausalLM:
         tie_word_embeddings=True,
     )
     return LlamaForCausalLM(config)
+
+
+def stop_with_ctrl_c(proc: subprocess.Popen, children: list[psutil.Process], output: str) -> None:
+    """Ctrl-C a running ``agentgym up``: it must exit 0, say so, and leave no child behind."""
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, output + rest
+    assert "all servers stopped" in rest
+    _, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 
 import httpx
 import psutil
+from conftest import stop_with_ctrl_c
 from typer.testing import CliRunner
 
 from agentgym.cli import app
@@ -68,12 +68,7 @@ def test_up_starts_servers_prints_urls_and_stops_them_on_ctrl_c(tmp_path) -> Non
         assert httpx.get(f"{urls[0]}/health").json()["env"] == "textworld"
         children = psutil.Process(proc.pid).children(recursive=True)
         assert children
-        proc.send_signal(signal.SIGINT)
-        rest, _ = proc.communicate(timeout=60)
-        assert proc.returncode == 0, output + rest
-        assert "all servers stopped" in rest
-        _, alive = psutil.wait_procs(children, timeout=10)
-        assert not alive
+        stop_with_ctrl_c(proc, children, output)
     finally:
         if proc.poll() is None:
             proc.kill()

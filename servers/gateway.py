@@ -1,0 +1,396 @@
+"""The gateway: one entry point in front of a fleet of env servers (``agentgym gateway``).
+
+``/envs/{env}/...`` is wire API v1 of environment ``env``, served by one of its replicas
+(env servers started with ``agentgym serve``), so ``EnvClient("http://gw/envs/textworld")``
+works unchanged. The gateway is a plain reverse proxy on ``httpx.AsyncClient``:
+
+* **New sessions** (``POST /envs/{env}/sessions``) go to the healthy replica with the
+  lowest load (open sessions / capacity; ties rotate). A replica that refuses to connect
+  or answers 429 is skipped for the next one.
+* **Affinity without shared state.** The gateway hands out session ids of the form
+  ``<replica key>-<replica's session id>``, the key being a hash of the replica's URL; so
+  every later call of the session lands on its replica, and so would the calls made
+  through another gateway (or this one after a restart) with the same replica list.
+* **A dead replica** makes the calls of its sessions answer 503 with the wire error
+  ``engine_error`` (the same code an env server uses when an engine dies and takes its
+  session with it: the session is gone, start a new one); new sessions go to the others.
+* **Health.** Every ``health_interval`` seconds each replica's ``/health`` is polled for
+  liveness, sessions and capacity; ``GET /health`` reports them per env.
+* **AgentGym-compatible routes** (``/envs/{env}/create``, ``/step`` ...) work too. Their
+  integer ids are mapped statelessly: gateway id = replica id * replicas + replica index.
+* Anything else under ``/envs/{env}/`` (``/metadata``, ``/tasks``, ``/openapi.json``, an
+  env's web pages) goes to any healthy replica: those answers are the same on each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.background import BackgroundTask
+
+from agentgym.errors import AtCapacity, EngineError, SchemaError, UnknownEnv, UnknownSession
+from agentgym.servers.app import install_error_handlers
+
+log = logging.getLogger(__name__)
+
+HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer"}
+    | {"transfer-encoding", "upgrade", "host", "content-length"}
+)
+"""Headers that describe one connection, not the message: never forwarded (RFC 9110 §7.6.1;
+content-length is recomputed for every forwarded body)."""
+
+COMPAT_ID_ROUTES = {"step", "reset", "close", "observation", "available_actions"}
+"""AgentGym-compatible routes whose request names a session by integer ``id``/``env_idx``."""
+
+
+@dataclass
+class GatewayConfig:
+    """Everything the gateway needs. Every field has a flag on ``agentgym gateway``."""
+
+    replicas: dict[str, list[str]]
+    """Env name -> base URLs of its replicas (env servers of that env)."""
+    health_interval: float = 2.0
+    """Seconds between two polls of every replica's ``/health``."""
+    timeout: float = 120.0
+    """Seconds a forwarded request may take (a slow engine step included)."""
+    max_connections: int = 512
+    """Connections the gateway keeps open to the replicas, in all."""
+
+
+@dataclass
+class Replica:
+    """One env server behind the gateway, and what its last ``/health`` said."""
+
+    env: str
+    url: str
+    index: int
+    """Position among the env's replicas (used by the compat id mapping)."""
+    healthy: bool = False
+    sessions: int = 0
+    capacity: int = 0
+    key: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.url = self.url.rstrip("/")
+        self.key = hashlib.sha1(self.url.encode()).hexdigest()[:8]
+
+    @property
+    def load(self) -> float:
+        return self.sessions / self.capacity if self.capacity else 0.0
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "healthy": self.healthy,
+            "sessions": self.sessions,
+            "capacity": self.capacity,
+        }
+
+
+class Fleet:
+    """The replicas of every env: lookup, choice of a replica for new sessions, health."""
+
+    def __init__(self, replicas: dict[str, list[str]]) -> None:
+        if not replicas or not all(replicas.values()):
+            raise ValueError("the gateway needs at least one replica URL per env")
+        self.envs = {
+            env: [Replica(env, url, i) for i, url in enumerate(urls)] for env, urls in replicas.items()
+        }
+        self._turns = itertools.count()
+
+    def replicas(self, env: str) -> list[Replica]:
+        if env not in self.envs:
+            raise UnknownEnv(f"the gateway serves no env {env!r}; it serves {sorted(self.envs)}")
+        return self.envs[env]
+
+    def by_key(self, env: str, key: str) -> Replica:
+        for replica in self.replicas(env):
+            if replica.key == key:
+                return replica
+        raise UnknownSession(f"no replica {key!r} of {env!r} behind this gateway (unknown session id)")
+
+    def candidates(self, env: str) -> list[Replica]:
+        """Healthy replicas, least loaded first; equal loads take turns (round-robin)."""
+        replicas = self.replicas(env)
+        turn = next(self._turns)
+        healthy = [r for r in replicas if r.healthy]
+        return sorted(healthy, key=lambda r: (r.load, (r.index - turn) % len(replicas)))
+
+    async def poll(self, http: httpx.AsyncClient) -> None:
+        """Ask every replica's ``/health`` at once and record the answers."""
+        everyone = [r for replicas in self.envs.values() for r in replicas]
+        await asyncio.gather(*(_poll_one(http, r) for r in everyone))
+
+    def report(self) -> dict[str, Any]:
+        """Per env: replica count, healthy count, sessions and capacity (of healthy replicas);
+        ``status`` is ``ok`` when every replica is healthy, else ``degraded``."""
+        envs = {}
+        for env, replicas in self.envs.items():
+            healthy = [r for r in replicas if r.healthy]
+            envs[env] = {
+                "replicas": len(replicas),
+                "healthy": len(healthy),
+                "sessions": sum(r.sessions for r in healthy),
+                "capacity": sum(r.capacity for r in healthy),
+                "members": [r.report() for r in replicas],
+            }
+        status = "ok" if all(e["healthy"] == e["replicas"] for e in envs.values()) else "degraded"
+        return {"status": status, "envs": envs}
+
+
+async def _poll_one(http: httpx.AsyncClient, replica: Replica) -> None:
+    try:
+        response = await http.get(f"{replica.url}/health", timeout=5.0)
+        health = response.json() if response.status_code == 200 else {}
+    except (httpx.HTTPError, ValueError):
+        health = {}
+    if health and health.get("env") != replica.env:
+        log.warning("replica %s serves env %r, not %r: ignored", replica.url, health.get("env"), replica.env)
+        health = {}
+    replica.healthy = bool(health)
+    replica.sessions, replica.capacity = int(health.get("sessions", 0)), int(health.get("capacity", 0))
+
+
+class Gateway:
+    """The proxying itself; :func:`create_gateway_app` wires it to routes."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.fleet = Fleet(config.replicas)
+        limits = httpx.Limits(max_connections=config.max_connections, max_keepalive_connections=64)
+        # Replicas keep idle connections 65 s; httpx drops its own after 5 s, so never races them.
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(config.timeout, connect=5.0), limits=limits)
+
+    async def poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.health_interval)
+            try:
+                await self.fleet.poll(self.http)
+            except Exception:
+                log.exception("polling the replicas failed")
+
+    # ----- forwarding ---------------------------------------------------------------
+
+    async def send(
+        self, replica: Replica, request: Request, path: str, *, body: bytes | None = None, params: Any = None
+    ) -> httpx.Response:
+        """Forward ``request`` to ``replica`` at ``path`` (body and query may be replaced);
+        the answer is streamed. Raises :class:`EngineError` (503) if the replica is unreachable."""
+        upstream = self.http.build_request(
+            request.method,
+            replica.url + path,
+            params=request.query_params if params is None else params,
+            headers=[(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP],
+            content=await request.body() if body is None else body,
+        )
+        try:
+            return await self.http.send(upstream, stream=True)
+        except httpx.TimeoutException as exc:  # a slow engine, not a dead replica
+            raise EngineError(
+                f"replica {replica.url} of {replica.env!r} did not answer in time: {exc}"
+            ) from exc
+        except httpx.TransportError as exc:
+            replica.healthy = False  # until the next poll says otherwise
+            raise EngineError(
+                f"replica {replica.url} of {replica.env!r} is unreachable; its sessions are lost: {exc!r}"
+            ) from exc
+
+    async def create_session(self, env: str, request: Request) -> Response:
+        """Open a session on the least-loaded healthy replica; its id gets the replica's key."""
+        replica, upstream = await self._place(env, request, "/sessions")
+        if upstream.status_code != 201:
+            return await passthrough(upstream)
+        created = json.loads(await upstream.aread())
+        created["session_id"] = f"{replica.key}-{created['session_id']}"
+        return JSONResponse(created, status_code=201)
+
+    async def session_call(self, env: str, session_id: str, rest: str, request: Request) -> Response:
+        """Forward a call of session ``session_id`` to the replica that holds it."""
+        key, _, local_id = session_id.partition("-")
+        replica = self.fleet.by_key(env, key)
+        upstream = await self.send(replica, request, f"/sessions/{local_id}{rest}")
+        if request.method == "DELETE" and upstream.status_code == 204:
+            replica.sessions = max(0, replica.sessions - 1)
+        if request.method == "GET" and not rest and upstream.status_code == 200:
+            state = json.loads(await upstream.aread())
+            state["session_id"] = session_id
+            return JSONResponse(state)
+        return await passthrough(upstream)
+
+    async def any_replica(self, env: str, path: str, request: Request) -> Response:
+        """Forward a session-less request (metadata, tasks, web pages) to a healthy replica."""
+        for replica in await self._candidates(env):
+            with contextlib.suppress(EngineError):
+                return await passthrough(await self.send(replica, request, path))
+        raise self._no_replica(env)
+
+    async def env_health(self, env: str) -> dict[str, Any]:
+        """The env's wire ``/health``, summed over its healthy replicas; 503 when none is."""
+        self.fleet.replicas(env)  # 404 for an env the gateway does not serve
+        report = self.fleet.report()["envs"][env]
+        if not report["healthy"]:
+            raise self._no_replica(env)
+        return {"status": "ok", "env": env} | {k: v for k, v in report.items() if k != "members"}
+
+    # ----- AgentGym-compatible routes -------------------------------------------------
+
+    async def compat_create(self, env: str, request: Request) -> Response:
+        """``/create`` on a chosen replica; its integer id becomes id * replicas + index."""
+        replica, upstream = await self._place(env, request, "/create")
+        if upstream.status_code != 200:
+            return await passthrough(upstream)
+        answer = json.loads(await upstream.aread())
+        if isinstance(answer, dict):  # the generic and sciworld dialects: {"id": N}
+            return JSONResponse(answer | {"id": self._compat_gateway_id(replica, answer["id"])})
+        return JSONResponse(self._compat_gateway_id(replica, answer))  # webshop: a bare N
+
+    async def compat_call(self, env: str, route: str, request: Request) -> Response:
+        """A compat route naming its session by ``id``/``env_idx`` (query for GET, JSON body
+        otherwise): forward it with the replica's own id to the replica that holds it."""
+        if request.method == "GET":
+            replica, _, query = self._compat_target(env, dict(request.query_params))
+            return await passthrough(await self.send(replica, request, f"/{route}", params=query))
+        replica, gateway_id, payload = self._compat_target(env, _json_object(await request.body()))
+        upstream = await self.send(replica, request, f"/{route}", body=json.dumps(payload).encode())
+        if route != "close" or upstream.status_code != 200:
+            return await passthrough(upstream)
+        replica.sessions = max(0, replica.sessions - 1)
+        return JSONResponse(json.loads(await upstream.aread()) | {"id": gateway_id})
+
+    def _compat_gateway_id(self, replica: Replica, local_id: int) -> int:
+        return int(local_id) * len(self.fleet.replicas(replica.env)) + replica.index
+
+    def _compat_target(self, env: str, fields: dict[str, Any]) -> tuple[Replica, int, dict[str, Any]]:
+        """(replica, gateway id, ``fields`` with the id replaced by the replica's own)."""
+        replicas = self.fleet.replicas(env)
+        gateway_id = _compat_field(fields)
+        local = {k: gateway_id // len(replicas) for k in ("id", "env_idx") if k in fields}
+        return replicas[gateway_id % len(replicas)], gateway_id, fields | local
+
+    # ----- helpers ----------------------------------------------------------------------
+
+    async def _candidates(self, env: str) -> list[Replica]:
+        """Healthy replicas to try; when none looks healthy, poll once before giving up
+        (a replica may have come back since the last poll)."""
+        candidates = self.fleet.candidates(env)
+        if not candidates:
+            await self.fleet.poll(self.http)
+            candidates = self.fleet.candidates(env)
+        return candidates
+
+    async def _place(self, env: str, request: Request, path: str) -> tuple[Replica, httpx.Response]:
+        """Send a session-opening request to the best replica that takes it, skipping those
+        that are unreachable (nothing ran there) or at capacity. 429 when all are full."""
+        body, retry_after = await request.body(), None
+        for replica in await self._candidates(env):
+            try:
+                upstream = await self.send(replica, request, path, body=body)
+            except EngineError:
+                if replica.healthy:  # a timeout: the create may have run, so never resend it
+                    raise
+                continue
+            if upstream.status_code != 429:
+                if upstream.status_code < 300:
+                    replica.sessions += 1  # until the next poll
+                return replica, upstream
+            retry_after = float(upstream.headers.get("retry-after", 1))
+            await upstream.aclose()
+        if retry_after is not None:
+            raise AtCapacity(f"every replica of {env!r} is at capacity", retry_after=retry_after)
+        raise self._no_replica(env)
+
+    def _no_replica(self, env: str) -> EngineError:
+        count = len(self.fleet.replicas(env))
+        return EngineError(
+            f"no replica of {env!r} can take the request ({count} configured, none healthy or free)"
+        )
+
+
+async def passthrough(upstream: httpx.Response) -> Response:
+    """Stream a replica's answer back as it is (status, headers, raw bytes)."""
+    headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP - {"content-length"}}
+    return StreamingResponse(
+        upstream.aiter_raw(),
+        status_code=upstream.status_code,
+        headers=headers,
+        background=BackgroundTask(upstream.aclose),
+    )
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    try:
+        payload = json.loads(body or b"{}")
+    except ValueError:
+        payload = None
+    if not isinstance(payload, dict):
+        raise SchemaError("request body must be a JSON object with 'id' (or 'env_idx')")
+    return payload
+
+
+def _compat_field(fields: dict[str, Any]) -> int:
+    value = fields.get("id", fields.get("env_idx"))
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise SchemaError("an integer 'id' (or 'env_idx') is required") from None
+
+
+def create_gateway_app(config: GatewayConfig) -> FastAPI:
+    """The gateway as an ASGI app (see the module docstring for what it routes where)."""
+    gateway = Gateway(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await gateway.fleet.poll(gateway.http)  # know the replicas before the first request
+        poller = asyncio.create_task(gateway.poll_forever())
+        yield
+        poller.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await poller
+        await gateway.http.aclose()
+
+    app = FastAPI(title="AgentGym gateway", lifespan=lifespan)
+    app.state.gateway = gateway
+    install_error_handlers(app)
+    any_method = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        """Per env: replicas, healthy replicas, sessions and capacity; each replica's state."""
+        return gateway.fleet.report()
+
+    @app.get("/envs/{env}/health")
+    async def env_health(env: str) -> dict[str, Any]:
+        return await gateway.env_health(env)
+
+    @app.post("/envs/{env}/sessions")
+    async def create_session(env: str, request: Request) -> Response:
+        return await gateway.create_session(env, request)
+
+    @app.api_route("/envs/{env}/sessions/{session_id}{rest:path}", methods=any_method)
+    async def session_call(env: str, session_id: str, rest: str, request: Request) -> Response:
+        return await gateway.session_call(env, session_id, rest, request)
+
+    @app.post("/envs/{env}/create")
+    async def compat_create(env: str, request: Request) -> Response:
+        return await gateway.compat_create(env, request)
+
+    @app.api_route("/envs/{env}/{path:path}", methods=any_method)
+    async def other(env: str, path: str, request: Request) -> Response:
+        if path in COMPAT_ID_ROUTES:
+            return await gateway.compat_call(env, path, request)
+        return await gateway.any_replica(env, f"/{path}", request)
+
+    return app

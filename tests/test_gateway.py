@@ -1,0 +1,214 @@
+"""The gateway on real loopback servers: spreading, affinity, failover, compat ids, `up env=N`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import httpx
+import psutil
+import pytest
+from conftest import stop_with_ctrl_c
+from typer.testing import CliRunner
+
+from agentgym.checker import run_checks
+from agentgym.cli import app, parse_replica_urls
+from agentgym.client import AsyncEnvClient, EnvClient, RetryPolicy
+from agentgym.errors import AtCapacity, EngineError
+from agentgym.servers.app import ServerConfig
+from agentgym.servers.gateway import GatewayConfig, create_gateway_app
+from agentgym.servers.launcher import (
+    ServerProcess,
+    free_port,
+    serve_in_thread,
+    start_server_process,
+    wait_healthy,
+)
+
+HTTP = httpx.Client(timeout=30.0)
+"""One pooled client for direct requests: ``httpx.get`` builds a client (and a TLS context) per call."""
+
+
+@contextlib.contextmanager
+def gateway_over(replicas: list[str]) -> Iterator[str]:
+    """A gateway in a thread in front of ``replicas`` (choice servers); yields its URL."""
+    config = GatewayConfig({"choice": replicas}, health_interval=0.3)
+    with serve_in_thread(create_gateway_app(config)) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def thread_replicas(count: int, max_sessions: int = 64) -> Iterator[list[str]]:
+    with contextlib.ExitStack() as stack:
+        yield [
+            stack.enter_context(serve_in_thread(ServerConfig(env="choice", max_sessions=max_sessions)))
+            for _ in range(count)
+        ]
+
+
+@pytest.fixture
+def process_replicas() -> Iterator[list[ServerProcess]]:
+    """Two choice servers as child processes, so that one can really be killed."""
+    servers = [start_server_process("choice", extra_args=["--log-level", "warning"]) for _ in range(2)]
+    try:
+        for server in servers:
+            wait_healthy(server.url, 60, server.process)
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def replica_of(gateway_session_id: str, replicas: list[str]) -> tuple[str, str]:
+    """(replica URL, the replica's own session id) for a session opened through the gateway:
+    found by asking every replica directly, so the test does not trust the gateway's mapping."""
+    local_id = gateway_session_id.split("-", 1)[1]
+    holders = [url for url in replicas if HTTP.get(f"{url}/sessions/{local_id}").status_code == 200]
+    assert len(holders) == 1, f"{gateway_session_id} lives on {holders}"
+    return holders[0], local_id
+
+
+async def open_sessions(url: str, count: int) -> list[str]:
+    async with AsyncEnvClient(url) as client:
+        created = await asyncio.gather(*(client.create(split="train", index=i) for i in range(count)))
+    return [c.session_id for c in created]
+
+
+def test_sessions_spread_over_replicas_and_every_call_lands_on_its_own() -> None:
+    with thread_replicas(2) as replicas, gateway_over(replicas) as gateway:
+        env_url = f"{gateway}/envs/choice"
+        session_ids = asyncio.run(open_sessions(env_url, 40))
+        homes = {sid: replica_of(sid, replicas) for sid in session_ids}
+        spread = Counter(url for url, _ in homes.values())
+        assert set(spread) == set(replicas) and min(spread.values()) >= 15, spread
+        with EnvClient(env_url) as client:
+            for sid, (home, local_id) in homes.items():
+                assert client.state(sid).session_id == sid
+                result = client.step(sid, "blue")
+                assert result.terminated and result.info["success"]
+                # the step ran on the home replica: only there did the episode end
+                assert HTTP.get(f"{home}/sessions/{local_id}").json()["done"] is True
+                client.delete(sid)
+        assert [HTTP.get(f"{url}/health").json()["sessions"] for url in replicas] == [0, 0]
+
+
+def test_dead_replica_answers_503_for_its_sessions_and_new_ones_go_to_the_survivor(
+    process_replicas: list[ServerProcess],
+) -> None:
+    urls = [server.url for server in process_replicas]
+    with gateway_over(urls) as gateway:
+        env_url = f"{gateway}/envs/choice"
+        homes = {sid: replica_of(sid, urls)[0] for sid in asyncio.run(open_sessions(env_url, 10))}
+        victim, survivor = process_replicas
+        victim.process.kill()
+        victim.process.wait()
+        with EnvClient(env_url) as client:
+            for sid, home in homes.items():
+                if home == victim.url:
+                    response = HTTP.post(f"{env_url}/sessions/{sid}/step", json={"action": "blue"})
+                    assert response.status_code == 503
+                    assert response.json()["error"]["code"] == "engine_error"
+                    with pytest.raises(EngineError):
+                        client.step(sid, "blue")
+                else:
+                    assert client.step(sid, "blue").info["success"]
+            fresh = [client.create(split="test", index=0).session_id for _ in range(10)]
+        assert {replica_of(sid, [survivor.url])[0] for sid in fresh} == {survivor.url}
+        health = HTTP.get(f"{gateway}/health").json()
+        assert health["status"] == "degraded"
+        assert health["envs"]["choice"]["replicas"] == 2 and health["envs"]["choice"]["healthy"] == 1
+        assert HTTP.get(f"{env_url}/health").json()["healthy"] == 1
+
+
+def test_wire_api_checks_pass_through_the_gateway() -> None:
+    with thread_replicas(2) as replicas, gateway_over(replicas) as gateway:
+        failed = [r for r in run_checks(f"{gateway}/envs/choice") if not r.passed]
+        assert not failed, failed
+
+
+def test_compat_routes_map_integer_ids_to_their_replica() -> None:
+    with thread_replicas(2) as replicas, gateway_over(replicas) as gateway:
+        env_url = f"{gateway}/envs/choice"
+        ids = [HTTP.post(f"{env_url}/create").json()["id"] for _ in range(4)]
+        assert len(set(ids)) == 4 and {i % 2 for i in ids} == {0, 1}
+        for compat_id in ids:
+            reset = HTTP.post(f"{env_url}/reset", json={"id": compat_id, "data_idx": 1}).json()
+            assert reset["task_id"] == "choice/train/1"
+            observed = HTTP.get(f"{env_url}/observation", params={"env_idx": compat_id})
+            assert observed.json() == reset["observation"]
+            assert HTTP.post(f"{env_url}/step", json={"id": compat_id, "action": "blue"}).json()["done"]
+            assert HTTP.post(f"{env_url}/close", json={"env_idx": compat_id}).json()["id"] == compat_id
+        assert [HTTP.get(f"{url}/health").json()["sessions"] for url in replicas] == [0, 0]
+
+
+def test_errors_keep_the_wire_shape() -> None:
+    with thread_replicas(2, max_sessions=1) as replicas, gateway_over(replicas) as gateway:
+        unknown_env = HTTP.get(f"{gateway}/envs/nope/metadata")
+        assert unknown_env.status_code == 404 and unknown_env.json()["error"]["code"] == "env_not_found"
+        unknown_session = HTTP.get(f"{gateway}/envs/choice/sessions/0123abcd-ffff")
+        assert unknown_session.json()["error"]["code"] == "session_not_found"
+        with EnvClient(f"{gateway}/envs/choice", retry=RetryPolicy(attempts=1)) as client:
+            client.create(), client.create()  # one per replica: both are now full
+            full = HTTP.post(f"{gateway}/envs/choice/sessions", json={})
+            assert full.status_code == 429 and "retry-after" in full.headers
+            with pytest.raises(AtCapacity):
+                client.create()
+
+
+def test_up_with_replicas_serves_through_a_gateway_and_stops_on_ctrl_c(tmp_path) -> None:
+    port = free_port()
+    command = ["up", "choice=2", "--log-dir", str(tmp_path), "--gateway-port", str(port)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentgym.cli", *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    try:
+        output = _read_until(proc, "Ctrl-C", timeout=90)
+        env_url = f"http://127.0.0.1:{port}/envs/choice"
+        assert f"choice: {env_url}" in output, output
+        assert len(re.findall(r"^.*choice .*http://127\.0\.0\.1:\d+", output, re.M)) == 2, output
+        with EnvClient(env_url) as client:
+            session = client.create(split="test", index=0)
+            assert client.step(session.session_id, "blue").info["success"]
+        assert HTTP.get(f"http://127.0.0.1:{port}/health").json()["envs"]["choice"]["healthy"] == 2
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert len(children) == 3
+        stop_with_ctrl_c(proc, children, output)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _read_until(proc: subprocess.Popen, marker: str, timeout: float) -> str:
+    output, deadline = "", time.monotonic() + timeout
+    while marker not in output and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        output += line
+    return output
+
+
+def test_gateway_and_up_reject_bad_replica_specs(tmp_path) -> None:
+    runner = CliRunner()
+    assert runner.invoke(app, ["gateway"]).exit_code == 2  # no replicas at all
+    result = runner.invoke(app, ["gateway", "--replica", "choice=localhost:1"])
+    assert result.exit_code == 2 and "ENV=http://" in result.output
+    for spec in ("choice=0", "choice=x", "no-such-env=2"):
+        assert runner.invoke(app, ["up", spec]).exit_code == 2, spec
+    config = tmp_path / "gateway.yaml"
+    config.write_text("replicas:\n  choice: [http://a:1, http://b:2]\n  search: http://c:3\n")
+    assert parse_replica_urls(["choice=http://d:4"], config) == {
+        "choice": ["http://a:1", "http://b:2", "http://d:4"],
+        "search": ["http://c:3"],
+    }
