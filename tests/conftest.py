@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -60,3 +61,17 @@ def stop_with_ctrl_c(proc: subprocess.Popen, children: list[psutil.Process], out
     assert "all servers stopped" in rest
     _, alive = psutil.wait_procs(children, timeout=10)
     assert not alive
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, agentgym_cache: str) -> Path:
+    """A model folder any policy or trainer loads: :func:`tiny_llama` with SmolLM2's tokenizer."""
+    from transformers import AutoTokenizer
+
+    from agentgym.policies.models import resolve_model
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"))
+    tiny_llama(vocab_size=len(tokenizer)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

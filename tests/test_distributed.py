@@ -16,10 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import tiny_llama
-from transformers import AutoTokenizer
-
-from agentgym.policies.models import resolve_model
 
 BC_STEPS = 2
 SETTINGS = {
@@ -40,15 +36,6 @@ SETTINGS = {
 }
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory, agentgym_cache: str) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"))
-    tiny_llama(vocab_size=len(tokenizer)).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
 def train(run: Path, model: Path, nproc: int) -> list[dict]:
     args = ["--algo", "bapo", "--schedule", "fixed", "--env", "choice", "--model", str(model)]
     args += [f"--set={key}={value}" for key, value in SETTINGS.items()]
@@ -59,9 +46,9 @@ def train(run: Path, model: Path, nproc: int) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_two_processes_give_the_losses_of_one(tiny_model: Path, tmp_path: Path) -> None:
-    single = train(tmp_path / "one", tiny_model, nproc=1)
-    double = train(tmp_path / "two", tiny_model, nproc=2)
+def test_two_processes_give_the_losses_of_one(tiny_model_dir: Path, tmp_path: Path) -> None:
+    single = train(tmp_path / "one", tiny_model_dir, nproc=1)
+    double = train(tmp_path / "two", tiny_model_dir, nproc=2)
     assert [r["step"] for r in double] == [1, 2, 3]  # 2 BC steps, 1 RL step, logged once each
     for one, two in zip(single[:BC_STEPS], double[:BC_STEPS], strict=True):
         assert two["loss"] == pytest.approx(one["loss"], rel=1e-4), (one, two)

@@ -86,10 +86,15 @@ class TrainConfig:
     """Use bfloat16 where the hardware supports it (CUDA); fp32 on CPU."""
     generator: str = "hf"
     """Who samples the rollouts. ``hf``: the model being trained, in-process (no weight
-    transfer). ``vllm``: a vLLM engine on the GPU (the ``vllm`` extra) that receives the
-    updated weights (LoRA merged) before every rollout."""
+    transfer). ``vllm``: a vLLM engine on the GPU (the ``vllm`` extra). ``ray``: Ray actors,
+    here or on other nodes (the ``ray`` extra). The last two receive the updated weights
+    (LoRA merged) before they next sample."""
     vllm_gpu_memory_utilization: float = 0.3
     """``generator: vllm``: GPU memory share of the engine (the trainer needs the rest)."""
+    ray_workers: int = 2
+    """``generator: ray``: rollout worker actors, one CPU each, each with its own model copy."""
+    ray_address: str | None = None
+    """``generator: ray``: a Ray cluster to join (``ray start --head``); None starts a local Ray."""
 
     # ----- rollouts ------------------------------------------------------------------
     steps: int = 4
@@ -194,8 +199,8 @@ class TrainConfig:
             problems.append(f"algo must be one of {', '.join(RL_ALGOS)}")
         if self.schedule not in ("fixed", "scaling-inter"):
             problems.append("schedule must be 'fixed' or 'scaling-inter'")
-        if self.generator not in ("hf", "vllm"):
-            problems.append("generator must be 'hf' or 'vllm'")
+        if self.generator not in ("hf", "vllm", "ray"):
+            problems.append("generator must be 'hf', 'vllm' or 'ray'")
         if self.loss_aggregation not in ("token-mean", "seq-mean"):
             problems.append("loss_aggregation must be 'token-mean' or 'seq-mean'")
         for name in (

@@ -247,7 +247,7 @@ class Trainer:
     def _optimizer_step(self, minibatch: TokenBatch, loss_fn: Any) -> float:
         """Accumulate gradients over micro-batches (each weighted by its share of episodes),
         clip, step. Returns the minibatch loss."""
-        self._generator_stale = self.config.generator == "vllm"
+        self._generator_stale = self.config.generator != "hf"
         with self.policy.weights_lock:  # the policy's batcher never samples from half-updated weights
             return self._accumulate_and_step(minibatch, loss_fn)
 
@@ -375,21 +375,31 @@ class Trainer:
 
     def _play(self, policy: Any, specs: list[EpisodeSpec], rollout: RolloutConfig) -> list[Trajectory]:
         if policy is self.generator and self._generator_stale:
-            self._run(self.generator.update_weights(list(_merged_weights(self.model))))
+            self._run(self.generator.update_weights(_merged_weights(self.model)))
             self._generator_stale = False
+        if hasattr(policy, "play"):  # a pool of remote rollout workers (RayRollouts)
+            return self._run(policy.play(self.url, specs, rollout))
         return self._run(run_episodes(self.url, policy, specs, rollout))
 
     def _run(self, coroutine: Any) -> Any:
         return self._loop.run(coroutine)
 
     def _start_generator(self) -> Any:
-        """The policy that samples rollouts: the trained model itself, or a vLLM engine that
-        is sent the current weights before it next samples (``_generator_stale``)."""
-        self._generator_stale = self.config.generator == "vllm"
-        if self.config.generator == "vllm" and self.dp.world > 1:
-            raise ValueError("generator: vllm runs in one process; use --nproc 1")
+        """What samples rollouts: the trained model itself, or a separate generator (vLLM,
+        Ray workers) that is sent the current weights before it next samples."""
+        self._generator_stale = self.config.generator != "hf"
+        if self._generator_stale and self.dp.world > 1:
+            raise ValueError(
+                f"generator: {self.config.generator} runs with one trainer process; use --nproc 1"
+            )
         if self.config.generator == "hf":
             return self.policy
+        if self.config.generator == "ray":
+            from agentgym.trainers.ray_rollouts import RayRollouts
+
+            return RayRollouts(
+                self.config.model, self.url, workers=self.config.ray_workers, address=self.config.ray_address
+            )
         from agentgym.policies.vllm import VLLMPolicy
 
         return VLLMPolicy(
