@@ -564,6 +564,39 @@ def collect(
     )
 
 
+@app.command()
+def view(
+    path: Annotated[Path, typer.Argument(help="A run folder or a trajectory JSONL file.")],
+    host: Annotated[str, typer.Option(help="Interface to bind; keep 127.0.0.1 unless you mean to share.")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8300,
+    open_browser: Annotated[
+        bool, typer.Option("--open/--no-open", help="Open the page in a browser.")
+    ] = True,
+) -> None:
+    """Replay trajectories and watch a training run's curves in a local web page."""
+    import threading
+    import webbrowser
+
+    import uvicorn
+
+    from agentgym.viewer import NotTrajectoryFile, create_app
+
+    try:
+        application = create_app(path)
+    except NotTrajectoryFile as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
+    info = application.state.index.facets()
+    if not info["episodes"] and not (path / "metrics.jsonl").is_file():
+        raise fail(f"{path} holds no trajectory JSONL and no metrics.jsonl", EXIT_USAGE)
+    url = f"http://{host}:{port}/"
+    console.print(f"viewing {path} ({info['episodes']} episodes) at {url}  (Ctrl-C stops)")
+    if open_browser:  # after a moment, so the server is listening when the browser asks
+        threading.Timer(1.0, webbrowser.open, [url]).start()
+    uvicorn.run(application, host=host, port=port, log_level="warning")
+
+
 register_training_commands(app)
 
 

@@ -258,3 +258,18 @@ class TextEnv(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class TaskListsMixin:
+    """``splits()`` and ``tasks()`` for environments that build their task lists up front
+    into ``self._tasks`` (split -> ordered tasks). Put it before ``TextEnv`` in the bases."""
+
+    _tasks: dict[str, list[Task]]
+
+    def splits(self) -> dict[str, int]:
+        return {split: len(tasks) for split, tasks in self._tasks.items()}
+
+    def tasks(self, split: str) -> list[Task]:
+        if split not in self._tasks:
+            raise UnknownTask(f"unknown split {split!r}; splits are {sorted(self._tasks)}")
+        return list(self._tasks[split])

@@ -22,6 +22,7 @@ _BUILTIN: dict[str, str] = {
     "sciworld": "agentgym.envs.sciworld:SciWorldEnv",
     "webshop": "agentgym.envs.webshop:WebShopEnv",
     "search": "agentgym.envs.search:SearchEnv",
+    "math": "agentgym.envs.math:MathEnv",
 }
 
 _registry: dict[str, EnvFactory | str] = dict(_BUILTIN)

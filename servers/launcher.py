@@ -26,7 +26,14 @@ KEEP_ALIVE_S = 65
 """Server-side idle keep-alive. Clients (httpx: 5 s) must drop idle connections first;
 equal timeouts race, and a request sent on a connection the server is closing fails."""
 
-DEFAULT_PORTS = {"textworld": 8101, "webshop": 8102, "search": 8103, "sciworld": 8104, "choice": 8105}
+DEFAULT_PORTS = {
+    "textworld": 8101,
+    "webshop": 8102,
+    "search": 8103,
+    "sciworld": 8104,
+    "choice": 8105,
+    "math": 8106,
+}
 """Ports ``agentgym up`` gives the built-in environments; others get the next free port."""
 
 GATEWAY_PORT = 8100

@@ -12,15 +12,14 @@ import random
 import re
 from typing import Any, ClassVar
 
-from agentgym.core import Task, TextEnv, Transition
-from agentgym.errors import UnknownTask
+from agentgym.core import Task, TaskListsMixin, TextEnv, Transition
 
 DEFAULT_OPTIONS = ("red", "green", "blue", "yellow")
 SPLIT_SEEDS = {"train": 0, "test": 1_000_000}
 """Train and test tasks use disjoint seeds for their option orders."""
 
 
-class ChoiceEnv(TextEnv):
+class ChoiceEnv(TaskListsMixin, TextEnv):
     """Args:
     options: the options shown (in a per-task order).
     answer: the correct option (default: the third, ``blue``).
@@ -58,14 +57,6 @@ class ChoiceEnv(TextEnv):
             order = random.Random(seed).sample(self.options, len(self.options))
             tasks.append(Task(f"choice/{split}/{i}", split, {"seed": seed, "options": order}))
         return tasks
-
-    def splits(self) -> dict[str, int]:
-        return {split: len(tasks) for split, tasks in self._tasks.items()}
-
-    def tasks(self, split: str) -> list[Task]:
-        if split not in self._tasks:
-            raise UnknownTask(f"unknown split {split!r}; splits are {sorted(self._tasks)}")
-        return list(self._tasks[split])
 
     def instruction(self) -> str:
         return "You will be shown a question with options. Reply with exactly one option, as written."
