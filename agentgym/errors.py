@@ -107,7 +107,7 @@ class EngineError(AgentGymError):
     """The environment engine failed; the session that hit it is closed."""
 
     status = 503
-    code = "engine_error"
+    code = "engine_failed"
 
 
 ERRORS_BY_CODE: dict[str, type[AgentGymError]] = {

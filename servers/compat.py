@@ -9,7 +9,10 @@ attribute ``compat_dialect``:
   carry ``id`` or ``env_idx``.
 
 Every dialect accepts both id fields, so a client of one never trips on the other.
-``/reset``'s ``data_idx`` indexes all tasks, split after split in ``/metadata`` order.
+``/reset``'s ``data_idx`` indexes all tasks, split after split in ``/metadata`` order,
+unless the env maps it itself with ``compat_task_id(data_idx) -> task_id`` (to match the
+numbering of AgentGym's server). An env may also add or override response fields of
+``/reset`` and ``/step`` with ``compat_fields(route) -> dict`` (e.g. AgentGym's score scale).
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ def compat_router(catalog: TextEnv, sessions: SessionManager) -> APIRouter:
         session = session_for(body.id)
         task = _task_by_data_idx(catalog, body.data_idx)
         observation, info = await sessions.call(session, session.env.reset, task_id=task.task_id)
-        return {
+        response = {
             "observation": observation,
             "info": info,
             "task_id": task.task_id,
@@ -72,6 +75,7 @@ def compat_router(catalog: TextEnv, sessions: SessionManager) -> APIRouter:
             "score": info["score"],
             "done": False,
         }
+        return response | _env_fields(session.env, "reset")
 
     @router.post("/step")
     async def step(body: CompatStep) -> dict[str, Any]:
@@ -80,13 +84,14 @@ def compat_router(catalog: TextEnv, sessions: SessionManager) -> APIRouter:
         observation, reward, terminated, truncated, info = await sessions.call(
             session, session.env.step, body.action
         )
-        return {
+        response = {
             "observation": observation,
             "reward": reward,
             "score": info["score"],
             "done": terminated or truncated,
             "info": info,
         }
+        return response | _env_fields(session.env, "step")
 
     @router.get("/observation")
     async def observation(id: int | None = Query(None), env_idx: int | None = Query(None)) -> str:
@@ -114,7 +119,15 @@ def _either(id_: int | None, env_idx: int | None) -> int:
     return id_ if id_ is not None else env_idx  # type: ignore[return-value]
 
 
+def _env_fields(env: TextEnv, route: str) -> dict[str, Any]:
+    """The env's own compat response fields for ``route`` (none unless it defines them)."""
+    fields = getattr(env, "compat_fields", None)
+    return fields(route) if fields else {}
+
+
 def _task_by_data_idx(catalog: TextEnv, data_idx: int) -> Task:
+    if hasattr(catalog, "compat_task_id"):
+        return catalog.task(catalog.compat_task_id(data_idx))
     remaining = data_idx
     for split, count in catalog.splits().items():
         if remaining < count:

@@ -12,7 +12,7 @@ works unchanged. The gateway is a plain reverse proxy on ``httpx.AsyncClient``:
   every later call of the session lands on its replica, and so would the calls made
   through another gateway (or this one after a restart) with the same replica list.
 * **A dead replica** makes the calls of its sessions answer 503 with the wire error
-  ``engine_error`` (the same code an env server uses when an engine dies and takes its
+  ``engine_failed`` (the same code an env server uses when an engine dies and takes its
   session with it: the session is gone, start a new one); new sessions go to the others.
 * **Health.** Every ``health_interval`` seconds each replica's ``/health`` is polled for
   liveness, sessions and capacity; ``GET /health`` reports them per env.

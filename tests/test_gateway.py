@@ -114,7 +114,7 @@ def test_dead_replica_answers_503_for_its_sessions_and_new_ones_go_to_the_surviv
                 if home == victim.url:
                     response = HTTP.post(f"{env_url}/sessions/{sid}/step", json={"action": "blue"})
                     assert response.status_code == 503
-                    assert response.json()["error"]["code"] == "engine_error"
+                    assert response.json()["error"]["code"] == "engine_failed"
                     with pytest.raises(EngineError):
                         client.step(sid, "blue")
                 else:

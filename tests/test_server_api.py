@@ -176,7 +176,7 @@ def test_engine_failure_closes_only_that_session_with_503() -> None:
         app.state.sessions.get(broken.session_id).env.close()
         response = httpx.post(f"{url}/sessions/{broken.session_id}/step", json={"action": "look"})
         assert response.status_code == 503
-        assert response.json()["error"]["code"] == "engine_error"
+        assert response.json()["error"]["code"] == "engine_failed"
         assert httpx.get(f"{url}/sessions/{broken.session_id}").status_code == 404
         assert client.step(healthy.session_id, healthy.info["expert_action"]).info["turn"] == 1
 

@@ -1,0 +1,291 @@
+"""ScienceWorld JVMs: one engine process per live episode, started ahead and reused.
+
+ScienceWorld's simulator is a Scala program driven over py4j. Its own Python wrapper
+starts a JVM per environment object, leaks a temporary folder and a callback server per
+instance, and nothing caps the number of JVMs. Here a :class:`JvmPool` owns them:
+
+* every JVM runs with a capped heap (``-Xmx``) and the serial collector (on a couple of
+  cores a parallel collector's threads only compete with the other JVMs);
+* ``spare`` idle JVMs are started ahead, so a reset takes a warm one instead of paying a
+  JVM start (1-2 s alone, tens of seconds when many start at once on two cores); starts
+  run at most ``start_concurrency`` at a time for the same reason;
+* at most ``max_live`` JVMs exist (busy + idle + starting); one more acquire raises
+  :class:`~agentgym.errors.AtCapacity` (HTTP 429);
+* a released JVM goes back to the idle list unless it died, hit ``recycle_after``
+  episodes, or ``max_idle`` are idle already, in which case it is shut down, so memory
+  stays bounded over long runs; an acquire takes the idle JVM that served the most
+  episodes (its JIT-compiled code makes steps faster);
+* every py4j call has a read timeout, so a hung engine surfaces as an error instead of
+  blocking a server thread forever.
+
+The JVM is started with ``--die-on-broken-pipe``: it exits when this process dies,
+even on SIGKILL, so JVMs are never orphaned.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import subprocess
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+from py4j.java_gateway import GatewayParameters, JavaGateway, launch_gateway
+from scienceworld.constants import BASEPATH, JAR_PATH
+
+from agentgym.errors import AtCapacity, EngineError
+
+log = logging.getLogger(__name__)
+
+NON_HEAP_MB = 160
+"""JVM memory beyond the heap (metaspace, code cache, threads), an upper estimate: measured
+RSS was 350-365 MB with -Xmx256m and with -Xmx512m after 18 gold-path episodes, and
+450 MB with -Xmx512m after loading all 30 task types with gold paths."""
+
+
+def default_max_live(heap_mb: int) -> int:
+    """JVMs that fit in half the memory available now, 2 to 64."""
+    per_jvm = (heap_mb + NON_HEAP_MB) * 1024 * 1024
+    return max(2, min(64, psutil.virtual_memory().available // 2 // per_jvm))
+
+
+@dataclass(frozen=True)
+class JvmSettings:
+    """How JVMs are started and pooled (one pool per distinct settings per process)."""
+
+    heap_mb: int = 512
+    """``-Xmx`` of each JVM."""
+    max_live: int | None = None
+    """JVMs alive at most (busy, idle and starting); ``None``: :func:`default_max_live`."""
+    spare: int = 1
+    """Idle JVMs kept started ahead of demand."""
+    max_idle: int = 4
+    """Idle JVMs kept at most; more are shut down when released."""
+    recycle_after: int = 200
+    """Episodes after which a JVM is replaced (bounds any leak inside the engine)."""
+    start_concurrency: int = 2
+    """JVMs starting at once."""
+    call_timeout_s: float = 120.0
+    """Longest single engine call (a load with gold path takes up to ~8 s alone)."""
+
+    def java_options(self) -> list[str]:
+        return [f"-Xmx{self.heap_mb}m", "-XX:+UseSerialGC"]
+
+
+class Jvm:
+    """One ScienceWorld JVM and its py4j gateway. ``engine`` is the simulator object."""
+
+    def __init__(self, settings: JvmSettings) -> None:
+        port, self.process = launch_gateway(
+            classpath=JAR_PATH,
+            javaopts=settings.java_options(),
+            die_on_exit=True,
+            cwd=BASEPATH,
+            return_proc=True,
+        )
+        parameters = GatewayParameters(port=port, auto_field=True, read_timeout=settings.call_timeout_s)
+        self.gateway = JavaGateway(gateway_parameters=parameters, java_process=self.process)
+        self.episodes = 0
+        """Episodes loaded on this JVM (counted by the environment)."""
+        try:
+            self.engine: Any = self.gateway.jvm.scienceworld.runtime.pythonapi.PythonInterface()
+        except Exception:
+            self.close()  # never leave a half-started JVM behind
+            raise
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def close(self) -> None:
+        """Stop the JVM (kill it if it does not exit within 5 s). Idempotent."""
+        with contextlib.suppress(Exception):
+            self.gateway.close(keep_callback_server=False, close_callback_server_connections=True)
+        if self.alive():
+            # Closing stdin is the --die-on-broken-pipe signal; it exits within milliseconds.
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+class JvmFailed(RuntimeError):
+    """A JVM died or stopped answering mid-call. Deliberately not an AgentGymError: servers
+    treat any other exception as a broken engine, close the session and answer 503."""
+
+
+class JvmPool:
+    """Hands out JVMs, one per episode-holding environment. Thread-safe. See the module doc."""
+
+    def __init__(self, settings: JvmSettings) -> None:
+        self.settings = settings
+        self.max_live = settings.max_live or default_max_live(settings.heap_mb)
+        self._lock = threading.Lock()
+        self._idle: list[Jvm] = []
+        self._busy: set[Jvm] = set()
+        self._starting = 0
+        self._start_slots = threading.BoundedSemaphore(max(1, settings.start_concurrency))
+        self._closed = False
+        self.started = 0
+        """JVMs started so far (for tests and metrics)."""
+
+    @property
+    def live(self) -> int:
+        return len(self._idle) + len(self._busy) + self._starting
+
+    def pids(self) -> list[int]:
+        """Process ids of the JVMs alive now (busy and idle)."""
+        with self._lock:
+            return [jvm.pid for jvm in [*self._idle, *self._busy]]
+
+    def acquire(self) -> Jvm:
+        """A warm idle JVM, else a new one (started now); AtCapacity at ``max_live``."""
+        with self._lock:
+            jvm = self._take_idle()
+            if jvm is None:
+                self._reserve_start()
+            else:
+                self._busy.add(jvm)
+        if jvm is None:
+            jvm = self._start()
+            with self._lock:
+                self._starting -= 1
+                self._busy.add(jvm)
+        self.top_up()
+        return jvm
+
+    def release(self, jvm: Jvm) -> None:
+        """Return ``jvm`` after its last episode; dead, worn or surplus JVMs are shut down."""
+        with self._lock:
+            self._busy.discard(jvm)
+            keep = (
+                not self._closed
+                and jvm.alive()
+                and jvm.episodes < self.settings.recycle_after
+                and len(self._idle) < self.settings.max_idle
+            )
+            if keep:
+                self._idle.append(jvm)
+                return
+        self._retire(jvm)
+
+    def discard(self, jvm: Jvm) -> None:
+        """Kill a JVM that failed or hung mid-call and forget it (a spare replaces it)."""
+        with self._lock:
+            self._busy.discard(jvm)
+        jvm.process.kill()
+        self._retire(jvm)
+
+    def top_up(self) -> None:
+        """Start JVMs in the background until ``spare`` are idle or starting (within ``max_live``)."""
+        with self._lock:
+            wanted = self.settings.spare - len(self._idle) - self._starting
+            wanted = min(wanted, self.max_live - self.live)
+            if self._closed or wanted <= 0:
+                return
+            self._starting += wanted
+        for _ in range(wanted):
+            threading.Thread(target=self._start_spare, name="sciworld-jvm-start", daemon=True).start()
+
+    def shutdown(self) -> None:
+        """Stop every idle JVM now and every busy one when released. Idempotent."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for jvm in idle:
+            jvm.close()
+
+    # ----- internals -------------------------------------------------------------------
+
+    def _retire(self, jvm: Jvm) -> None:
+        jvm.close()
+        self.top_up()
+
+    def _take_idle(self) -> Jvm | None:
+        """The idle JVM that served the most episodes: its JIT has compiled the engine's
+        hot paths (steps on a fresh JVM are several times slower for its first minutes)."""
+        while self._idle:
+            jvm = max(self._idle, key=lambda candidate: candidate.episodes)
+            self._idle.remove(jvm)
+            if jvm.alive():
+                return jvm
+            threading.Thread(target=jvm.close, daemon=True).start()  # died while idle
+        return None
+
+    def _reserve_start(self) -> None:
+        if self._closed:
+            raise EngineError("the ScienceWorld JVM pool was shut down")
+        if self.live >= self.max_live:
+            raise AtCapacity(
+                f"all {self.max_live} ScienceWorld JVMs are in use; close a session or retry later",
+                retry_after=5.0,
+            )
+        self._starting += 1
+
+    def _start(self) -> Jvm:
+        """Start one JVM for a reserved start; the caller moves it out of ``_starting``
+        (in one locked step, so ``live`` never dips and lets another start overshoot)."""
+        try:
+            with self._start_slots:
+                jvm = Jvm(self.settings)
+        except Exception as exc:
+            log.exception("starting a ScienceWorld JVM failed")
+            with self._lock:
+                self._starting -= 1
+            raise EngineError(f"could not start a ScienceWorld JVM: {exc}") from exc
+        with self._lock:
+            self.started += 1
+        return jvm
+
+    def _start_spare(self) -> None:
+        try:
+            jvm = self._start()
+        except EngineError:
+            return  # logged in _start; the next acquire starts its own
+        with self._lock:
+            self._starting -= 1
+            if not self._closed:
+                self._idle.append(jvm)
+                return
+        jvm.close()
+
+
+_pools: dict[JvmSettings, JvmPool] = {}
+_pools_lock = threading.Lock()
+
+
+def jvm_pool(settings: JvmSettings) -> JvmPool:
+    """The process-wide pool for ``settings`` (created on first use)."""
+    with _pools_lock:
+        pool = _pools.get(settings)
+        if pool is None or pool._closed:
+            pool = _pools[settings] = JvmPool(settings)
+        return pool
+
+
+@atexit.register
+def _shutdown_all() -> None:
+    with _pools_lock:
+        pools = list(_pools.values())
+    for pool in pools:
+        pool.shutdown()
+
+
+def rss_with_children(pid: int | None = None) -> int:
+    """Resident memory of a process and all its descendants (e.g. a server and its JVMs), bytes."""
+    process = psutil.Process(pid or os.getpid())
+    total = process.memory_info().rss
+    for child in process.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            total += child.memory_info().rss
+    return total

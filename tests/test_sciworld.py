@@ -1,0 +1,320 @@
+"""SciWorldEnv on the real ScienceWorld engine (real JVMs, a real server on loopback, no
+mocks): task table, expert play over REST on many task types, the lean step, failure,
+the JVM pool (reuse, capacity, recycling), 16 concurrent sessions, a JVM killed under a
+live session, and the AgentGym-compatible routes.
+
+One server and its JVM pool are shared by the module; in-process envs use the same pool
+settings, so they borrow the same JVMs instead of starting more.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+pytest.importorskip("scienceworld")
+
+from agentgym.envs.sciworld import SciWorldEnv
+from agentgym.envs.sciworld.jvm import NON_HEAP_MB, JvmFailed, rss_with_children
+from agentgym.envs.sciworld.tasks import TASK_TYPES, agentgym_task_id, parse_task_id
+from agentgym.errors import AtCapacity, SchemaError, UnknownTask
+from agentgym.servers.app import ServerConfig, create_app
+from agentgym.servers.launcher import serve_in_thread
+
+# Small heaps keep 16 JVMs near 6 GB; at most 2 stay idle between tests.
+POOL = {"heap_mb": 256, "max_jvms": 18, "spare_jvms": 1, "max_idle_jvms": 2}
+SERVER_RSS_MB = 400
+"""Documented bound: server process RSS beyond its JVMs (docs/envs/sciworld.md)."""
+
+# Test-split tasks of 10 task types with short gold paths (a few to ~20 actions).
+EXPERT_TASKS = [
+    "find-living-thing/225",
+    "find-non-living-thing/225",
+    "find-plant/225",
+    "find-animal/225",
+    "lifespan-longest-lived/93",
+    "lifespan-shortest-lived/93",
+    "lifespan-longest-lived-then-shortest-lived/93",
+    "power-component/15",
+    "identify-life-stages-2/6",
+    "chemistry-mix-paint-secondary-color/27",
+]
+
+
+@pytest.fixture(scope="module")
+def app():
+    return create_app(ServerConfig(env="sciworld", env_config=POOL, max_sessions=32))
+
+
+@pytest.fixture(scope="module")
+def url(app) -> Iterator[str]:
+    with serve_in_thread(app) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def http(url: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=url, timeout=300) as client:
+        yield client
+
+
+@pytest.fixture
+def env() -> Iterator[SciWorldEnv]:
+    with SciWorldEnv(**POOL) as instance:
+        yield instance
+
+
+def jvm_pid(app, session_id: str) -> int:
+    return app.state.sessions.get(session_id).env.jvm_pid
+
+
+def play_expert(http: httpx.Client, task_id: str) -> tuple[dict, list[dict], dict]:
+    """Create a session on ``task_id``, follow info.expert_action to the end, delete it;
+    return the create reply, the step replies and the last info."""
+    created = http.post("/sessions", json={"task_id": task_id})
+    assert created.status_code == 201, created.text
+    body = created.json()
+    session_id, info = body["session_id"], body["info"]
+    steps = []
+    while "expert_action" in info:
+        step = http.post(f"/sessions/{session_id}/step", json={"action": info["expert_action"]}).json()
+        steps.append(step)
+        info = step["info"]
+        assert info["task_id"] == task_id  # no cross-talk between sessions
+    http.delete(f"/sessions/{session_id}")
+    return body, steps, info
+
+
+# ----- task catalogue (no JVM) ---------------------------------------------------------
+
+
+def test_splits_and_task_ids() -> None:
+    env = SciWorldEnv(**POOL)
+    assert env.splits() == {"train": 3592, "dev": 1796, "test": 1819}
+    test = env.tasks("test")
+    assert [t.task_id for t in test[:3]] == ["boil/21", "melt/21", "freeze/21"]
+    assert len({t.meta["task_name"] for t in test[:30]}) == 30  # any prefix mixes the types
+    all_ids = [t.task_id for split in env.splits() for t in env.tasks(split)]
+    assert len(all_ids) == len(set(all_ids)) == sum(t.variations for t in TASK_TYPES)
+    assert parse_task_id("find-animal/299") == (TASK_TYPES[14], 299)
+    for bad in ("boil/30", "boil", "nope/1", "boil/-1"):
+        with pytest.raises(UnknownTask):
+            parse_task_id(bad)
+    assert all(env.task(t.task_id) == t for split in env.splits() for t in env.tasks(split))
+    small = SciWorldEnv(task_types=["boil", "4-2"], **POOL)
+    assert small.splits() == {"train": 164, "dev": 82, "test": 84}
+    with pytest.raises(UnknownTask, match="not offered"):
+        small.task("melt/0")
+    with pytest.raises(ValueError, match="unknown ScienceWorld task type"):
+        SciWorldEnv(task_types=["boiling"])
+
+
+def test_agentgym_data_idx_numbering() -> None:
+    # AgentGym numbers every variation of its 23 task types in ScienceWorld's order.
+    assert agentgym_task_id(0) == "boil/0"
+    assert agentgym_task_id(30) == "melt/0"
+    assert agentgym_task_id(sum(t.variations for t in TASK_TYPES[:15])) == "chemistry-mix/0"  # skips 5-1, 5-2
+    with pytest.raises(UnknownTask):
+        agentgym_task_id(sum(t.variations for t in TASK_TYPES if not t.num.startswith(("5-", "9-", "10-"))))
+
+
+def test_options_are_validated(env: SciWorldEnv) -> None:
+    with pytest.raises(SchemaError, match="simplification"):
+        env.reset(task_id="boil/0", options={"simplifications": "fast"})
+    with pytest.raises(SchemaError, match="needs electrical actions"):
+        env.reset(task_id="power-component/0", options={"simplifications": "noElectricalAction"})
+    with pytest.raises(SchemaError, match="available_actions"):
+        env.reset(task_id="boil/0", options={"available_actions": -1})
+    assert env.jvm_pid is None  # refused before a JVM was taken
+
+
+# ----- engine behaviour (in-process) -------------------------------------------------------
+
+
+def test_task_table_matches_the_engine(env: SciWorldEnv) -> None:
+    env.reset(task_id="find-plant/0")
+    engine = env._jvm.engine
+    for task_type in TASK_TYPES:
+        engine.load(task_type.name, 0, "", False)
+        assert engine.getTaskMaxVariations(task_type.name) == task_type.variations
+        for split, listed in (
+            ("train", engine.getVariationsTrain()),
+            ("dev", engine.getVariationsDev()),
+            ("test", engine.getVariationsTest()),
+        ):
+            assert list(listed) == list(task_type.split_range(split)), (task_type.name, split)
+
+
+def test_lean_step_reward_and_available_actions(env: SciWorldEnv) -> None:
+    first, info = env.reset(task_id="find-non-living-thing/0")
+    assert first.startswith("Your task is to find a(n) non-living thing")
+    assert "This room is called the hallway" in first
+    assert "available_actions" not in info  # the lean step computes no action list
+    rewards = []
+    while not env.done:
+        _, reward, terminated, truncated, info = env.step(env.expert_action())
+        rewards.append(reward)
+        assert "available_actions" not in info
+    assert terminated and not truncated and info["success"] and info["raw_score"] == 100
+    assert sum(rewards) == pytest.approx(1.0) and info["score"] == 1.0
+    assert any(0 < r < 1 for r in rewards)  # partial progress is rewarded as it happens
+
+    _, info = env.reset(task_id="find-non-living-thing/0", options={"available_actions": 7})
+    assert len(info["available_actions"]) == 7
+    _, info = env.reset(task_id="find-non-living-thing/0", options={"available_actions": True})
+    assert len(info["available_actions"]) > 100 and "open door to kitchen" in info["available_actions"]
+
+
+def test_focusing_on_the_wrong_thing_fails_the_task(env: SciWorldEnv) -> None:
+    env.reset(task_id="lifespan-longest-lived/0")
+    for action in ("open door to greenhouse", "go to greenhouse", "open door to outside", "go to outside"):
+        env.step(action)
+    _, reward, terminated, truncated, info = env.step("focus on baby mouse")  # the bear lives longest
+    assert terminated and not truncated
+    assert info["lost"] and not info["success"] and info["raw_score"] < 0
+    assert info["score"] == 0.0 and reward == pytest.approx(-0.5)  # the progress made is taken back
+
+
+def test_expert_follows_the_gold_path_after_a_detour(env: SciWorldEnv) -> None:
+    env.reset(task_id="find-animal/0")
+    expected = env.expert_action()
+    env.step("look around")  # not on the gold path: the expert still offers its next action
+    assert env.expert_action() == expected
+    while not env.done:
+        _, _, _, _, info = env.step(env.expert_action())
+    assert info["success"]
+
+
+def test_simplified_actions(env: SciWorldEnv) -> None:
+    _, info = env.reset(
+        task_id="find-plant/0", options={"simplifications": "easy", "available_actions": True}
+    )
+    assert any(a.startswith("teleport to ") for a in info["available_actions"])
+    _, info = env.reset(task_id="find-plant/0", options={"available_actions": True})
+    assert not any(a.startswith("teleport to ") for a in info["available_actions"])
+
+
+def test_pool_reuses_warm_jvms_and_resets_cleanly() -> None:
+    with SciWorldEnv(**POOL) as first:
+        obs_a, _ = first.reset(task_id="boil/3")
+        pid = first.jvm_pid
+        first.step("open door to kitchen")
+        first.reset(task_id="melt/2")
+        assert first.jvm_pid == pid  # a reset keeps the JVM
+    warm = set(first.pool.pids())
+    with SciWorldEnv(**POOL) as second:
+        obs_b, _ = second.reset(task_id="boil/3")
+        assert second.jvm_pid in warm  # a reset takes a started JVM, it starts none
+        assert obs_b == obs_a  # a reused JVM starts the same world
+
+
+def test_capacity_and_recycling() -> None:
+    settings = {"heap_mb": 256, "max_jvms": 1, "spare_jvms": 0, "recycle_after": 2}
+    with SciWorldEnv(**settings) as holder:
+        holder.reset(task_id="find-plant/0")
+        pid = holder.jvm_pid
+        with pytest.raises(AtCapacity) as raised, SciWorldEnv(**settings) as other:
+            other.reset(task_id="find-plant/0")
+        assert raised.value.retry_after
+        holder.reset(task_id="find-plant/1")  # second episode on this JVM: recycle_after reached
+    with SciWorldEnv(**settings) as later:
+        later.reset(task_id="find-plant/0")
+        assert later.jvm_pid != pid  # the worn JVM was replaced, not reused
+    assert holder.pool.live <= 1
+    holder.pool.shutdown()
+
+
+def test_killed_jvm_raises_and_is_replaced(env: SciWorldEnv) -> None:
+    env.reset(task_id="find-plant/0")
+    dead = env.jvm_pid
+    os.kill(dead, signal.SIGKILL)
+    with pytest.raises(JvmFailed):
+        env.step("look around")
+    assert dead not in env.pool.pids()
+    env.reset(task_id="find-plant/0")  # the same instance carries on with another JVM
+    assert env.jvm_pid != dead
+
+
+# ----- over REST -----------------------------------------------------------------------
+
+
+def test_expert_succeeds_on_ten_task_types_over_rest(http: httpx.Client) -> None:
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda task_id: play_expert(http, task_id), EXPERT_TASKS))
+    for task_id, (created, steps, info) in zip(EXPERT_TASKS, results, strict=True):
+        assert created["observation"].startswith("Your task is to"), task_id
+        assert steps[-1]["terminated"] and info["success"] is True, (task_id, steps[-1]["observation"])
+        # Rewards add up to the score gained (some tasks start with a sub-goal already met).
+        assert sum(s["reward"] for s in steps) == pytest.approx(1.0 - created["info"]["score"])
+    assert len({parse_task_id(t)[0].num for t in EXPERT_TASKS}) == 10
+
+
+def test_sixteen_concurrent_sessions_progress_without_cross_talk(app, url: str) -> None:
+    goals = {
+        "find-living-thing": "find a(n) living thing",
+        "find-non-living-thing": "find a(n) non-living thing",
+        "find-plant": "find a(n) plant",
+        "find-animal": "find a(n) animal",
+    }
+    tasks = [f"{name}/{225 + i}" for name in goals for i in range(4)]
+    pool = app.state.catalog.pool
+
+    def run(task_id: str) -> tuple[str, dict, int]:
+        with httpx.Client(base_url=url, timeout=300) as client:
+            created, steps, info = play_expert(client, task_id)
+            return created["observation"], info, len(steps)
+
+    peak = 0
+    with ThreadPoolExecutor(16) as threads:
+        futures = [threads.submit(run, task_id) for task_id in tasks]
+        while not all(f.done() for f in futures):
+            peak = max(peak, rss_with_children())
+            time.sleep(0.5)
+        results = [f.result() for f in futures]
+    for task_id, (first, info, turns) in zip(tasks, results, strict=True):
+        assert first.startswith(f"Your task is to {goals[task_id.split('/')[0]]}."), task_id
+        assert info["success"] and turns >= 3, task_id
+    bound = (SERVER_RSS_MB + pool.max_live * (POOL["heap_mb"] + NON_HEAP_MB)) * 2**20
+    assert peak < bound, f"peak RSS {peak / 2**20:.0f} MB over the bound {bound / 2**20:.0f} MB"
+    assert pool.live <= POOL["max_idle_jvms"] + POOL["spare_jvms"]  # surplus JVMs were shut down
+
+
+def test_killed_jvm_fails_only_its_session(app, http: httpx.Client) -> None:
+    victim, survivor = (http.post("/sessions", json={"task_id": f"find-plant/{v}"}).json() for v in (0, 1))
+    os.kill(jvm_pid(app, victim["session_id"]), signal.SIGKILL)
+    failed = http.post(f"/sessions/{victim['session_id']}/step", json={"action": "look around"})
+    assert failed.status_code == 503 and failed.json()["error"]["code"] == "engine_failed"
+    assert http.get(f"/sessions/{victim['session_id']}").status_code == 404  # closed, its JVM dropped
+    action = survivor["info"]["expert_action"]
+    step = http.post(f"/sessions/{survivor['session_id']}/step", json={"action": action})
+    assert step.status_code == 200 and step.json()["info"]["turn"] == 1
+    assert step.json()["info"]["expert_action"] != action  # the survivor's world moved on
+    _, _, info = play_expert(http, "find-plant/2")  # a new session works
+    assert info["success"]
+    http.delete(f"/sessions/{survivor['session_id']}")
+
+
+def test_agentgym_sciworld_client_routes(http: httpx.Client) -> None:
+    """The calls AgentGym's SciworldEnvClient makes, with its field names."""
+    env_id = http.post("/create").json()["id"]
+    data_idx = sum(t.variations for t in TASK_TYPES[:11])  # no type before 4-1 is excluded
+    reset = http.post("/reset", json={"id": env_id, "data_idx": data_idx}).json()
+    assert reset["task_name"] == "find-living-thing" and reset["var_num"] == 0
+    assert reset["task_description"].startswith("Your task is to find a(n) living thing")
+    assert reset["observation"].startswith("This room is called")  # the client prepends the task
+    assert reset["score"] == 0 and reset["done"] is False
+    observation = reset["task_description"] + "\n" + reset["observation"]
+    gold = ["open door to kitchen", "go to kitchen"]
+    for action in gold:
+        step = http.post("/step", json={"id": env_id, "action": action}).json()
+        assert set(step) >= {"observation", "reward", "score", "done"}
+        observation = step["observation"]
+    assert isinstance(step["score"], int) and step["score"] > 1  # AgentGym's 0-100 scale
+    assert http.get("/observation", params={"id": env_id}).json() == observation
+    assert http.post("/close", json={"id": env_id}).status_code == 200
