@@ -417,14 +417,15 @@ def _episode_progress() -> tuple[Progress, Callable[[int, int], None], Callable[
     return progress, on_plan, on_episode
 
 
+def _show(value: Any) -> str:
+    """A results value as a table cell."""
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
 def _results_table(results: dict[str, Any]) -> Table:
     table = Table("metric", "value", title=f"{results['env']} / {results['split']} / {results['policy']}")
-
-    def show(value: Any) -> str:
-        if value is None:
-            return "-"
-        return f"{value:.3f}" if isinstance(value, float) else str(value)
-
     rows = ["episodes", "tasks", "k", "success_rate", "success_rate_excluding_errors", "mean_score"]
     rows += [
         "mean_turns",
@@ -436,9 +437,9 @@ def _results_table(results: dict[str, Any]) -> Table:
         "generated_tokens_per_s",
     ]
     for key in rows:
-        table.add_row(key, show(results[key]))
+        table.add_row(key, _show(results[key]))
     for j, value in results["pass_at_k"].items():
-        table.add_row(f"pass@{j}", show(value))
+        table.add_row(f"pass@{j}", _show(value))
     if results["error_kinds"]:
         table.add_row("error kinds", ", ".join(f"{kind} x{n}" for kind, n in results["error_kinds"].items()))
     return table
@@ -468,17 +469,30 @@ def evaluate_policy(
     ] = None,
     url: EnvUrlOpt = None,
     token: TokenOpt = None,
+    critic: Annotated[
+        str | None,
+        typer.Option(
+            help="Critic model (same backend as --policy): critique-then-refine and critique-filtered "
+            "voting instead of episodes (env math)."
+        ),
+    ] = None,
 ) -> None:
-    """Evaluate a policy on a task split: success rate, score, turns, Avg@k, Pass@k."""
+    """Evaluate a policy on a task split: success rate, score, turns, Avg@k, Pass@k (with
+    --critic: Acc, Acc@Refine, Acc@Dis, the deltas and voting accuracy)."""
     from agentgym.evaluation import RESULTS_FILE, TRAJECTORIES_FILE, EvalConfig, evaluate
 
     require_env(env)
     _require_policy(policy)
     temperature = temperature if temperature is not None else (0.0 if k == 1 else 1.0)
+    out = out or Path("runs/eval") / f"{env}-{split}-{policy}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if critic is not None:
+        choice = PolicyChoice(policy, model, base_url, api_key, concurrency)
+        sampling = SamplingParamsArgs(temperature, max_new_tokens)
+        _evaluate_with_critic(env, split, n, k, choice, critic, sampling, out, url)
+        return
     rollout = _rollout_config(
         agent_format, max_turns, concurrency, temperature, max_new_tokens, history_turns
     )
-    out = out or Path("runs/eval") / f"{env}-{split}-{policy}-{time.strftime('%Y%m%d-%H%M%S')}"
     config = EvalConfig(env=env, out_dir=out, split=split, n=n, k=k, rollout=rollout)
 
     async def job(server_url: str, built: Policy, callbacks: EpisodeCallbacks) -> dict[str, Any]:
@@ -495,6 +509,76 @@ def evaluate_policy(
     )
     console.print(_results_table(results))
     console.print(f"results: {out / RESULTS_FILE}\ntrajectories: {out / TRAJECTORIES_FILE}")
+
+
+class SamplingParamsArgs(NamedTuple):
+    """The sampling options of ``eval --critic``."""
+
+    temperature: float
+    max_new_tokens: int
+
+
+def _evaluate_with_critic(
+    env: str,
+    split: str,
+    n: int | None,
+    k: int,
+    choice: PolicyChoice,
+    critic: str,
+    sampling: SamplingParamsArgs,
+    out: Path,
+    url: str | None,
+) -> None:
+    """``eval --critic``: the actor (``choice``) and the critic (same backend, model
+    ``critic``) play critique rounds on ``split``'s problems; no env server is involved."""
+    from agentgym.evaluation import (
+        CRITIC_ENVS,
+        CRITIQUES_FILE,
+        RESULTS_FILE,
+        UsageError,
+        build_policy,
+        evaluate_critic,
+        math_problems,
+    )
+    from agentgym.policies.base import SamplingParams
+
+    if env not in CRITIC_ENVS:
+        raise fail(f"--critic supports --env {', '.join(CRITIC_ENVS)}, not {env!r}", EXIT_USAGE)
+    if url is not None:
+        raise fail("--critic reads the problems from the math catalogue itself: drop --url", EXIT_USAGE)
+
+    async def run() -> dict[str, Any]:
+        actor = build_policy(choice.kind, **_policy_args(choice, choice.model))
+        judge = build_policy(choice.kind, **_policy_args(choice, critic))
+        try:
+            params = SamplingParams(temperature=sampling.temperature, max_new_tokens=sampling.max_new_tokens)
+            return await evaluate_critic(actor, judge, math_problems(split, n), out, k=k, sampling=params)
+        finally:
+            await actor.close()
+            await judge.close()
+
+    try:
+        with console.status("critique rounds ..."):
+            results = asyncio.run(run())
+    except UsageError as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
+    table = Table(
+        "metric", "value", title=f"{env} / {split} / {results['policy']} + critic {results['critic']}"
+    )
+    for key, value in results.items():
+        if not isinstance(value, str):
+            table.add_row(key, _show(value))
+    console.print(table)
+    console.print(f"results: {out / RESULTS_FILE}\ncritiques: {out / CRITIQUES_FILE}")
+
+
+def _policy_args(choice: PolicyChoice, model: str | None) -> dict[str, Any]:
+    return {
+        "model": model,
+        "base_url": choice.base_url,
+        "api_key": choice.api_key,
+        "concurrency": choice.concurrency,
+    }
 
 
 @app.command()

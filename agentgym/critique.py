@@ -13,7 +13,9 @@ The two-player protocol of Critique-RL (arXiv 2510.24320) and AutoMathCritique
 * :func:`critique_round`: actor → critic → actor over a batch of problems through the
   :class:`~agentgym.policies.base.Policy` interface, one batched ``generate`` per stage;
   :func:`voting_accuracy` over its records;
-* :func:`critique_trajectories`: the critic reads agent episodes.
+* :func:`critique_trajectories`: the critic reads agent episodes;
+  :func:`critique_and_replay`: play, critique, replay with the critique (the protocol on
+  agent episodes, e.g. textworld).
 
 Formulas and design choices: docs/algorithms/critique-rl.md.
 """
@@ -31,6 +33,7 @@ from typing import Any
 from agentgym.envs.math.answers import answers_match, canonical_answer, extract_answer, is_correct
 from agentgym.envs.math.problems import Problem
 from agentgym.policies.base import Generation, GenerationRequest, Message, Policy, SamplingParams
+from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
 from agentgym.trajectory import Trajectory
 
 STAGE2_VERDICT_WEIGHT = 0.2
@@ -381,10 +384,19 @@ class TrajectoryCritique:
     critic_prompt: list[Message]
     critique: Generation
     verdict: bool | None
+    replay: Trajectory | None = None
+    """The episode played again with the critique (:func:`critique_and_replay`)."""
 
     @property
     def stage1_reward(self) -> float:
         return discrimination_reward(self.verdict, self.trajectory.success)
+
+    @property
+    def outcome(self) -> Outcome:
+        """Success of the first episode, the verdict, success of the replay (the first
+        episode's when there was none): what :func:`critique_metrics` reads."""
+        refined = self.replay if self.replay is not None else self.trajectory
+        return Outcome(self.trajectory.success, self.verdict, refined.success)
 
 
 async def critique_trajectories(
@@ -399,3 +411,50 @@ async def critique_trajectories(
         TrajectoryCritique(t, prompt, critique, parse_verdict(critique.text))
         for t, prompt, critique in zip(trajectories, prompts, critiques, strict=True)
     ]
+
+
+class NotedPolicy:
+    """``policy`` with a note added to the first observation of every conversation it sees:
+    how a replaying agent reads the critique of its previous attempt. Requests lose their
+    ``prompt_ids`` so a token backend renders the noted messages (the replay's trajectory
+    keeps the env's own observation)."""
+
+    def __init__(self, policy: Policy, note: str) -> None:
+        self.policy, self.note = policy, note
+        self.name, self.tokenizer = policy.name, policy.tokenizer
+
+    async def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Generation]:
+        return await self.policy.generate([self._noted(r) for r in requests], sampling)
+
+    def _noted(self, request: GenerationRequest) -> GenerationRequest:
+        messages = [dict(m) for m in request.messages]
+        first = next(m for m in messages if m["role"] == "user")
+        first["content"] = f"{self.note}\n\n{first['content']}"
+        return GenerationRequest(messages, None, request.info)
+
+    async def close(self) -> None:
+        """The wrapped policy is the caller's to close."""
+
+
+async def critique_and_replay(
+    url: str,
+    actor: Policy,
+    critic: Policy,
+    specs: Sequence[EpisodeSpec],
+    rollout: RolloutConfig,
+    critic_sampling: SamplingParams,
+) -> list[TrajectoryCritique]:
+    """The protocol on agent episodes: the actor plays ``specs`` on the env server at
+    ``url``, the critic judges each episode, and the actor replays each task with
+    :func:`replay_note` of its critique before the first observation. ``critique_metrics``
+    of the results' ``outcome`` gives Acc (first episodes), Acc@Dis and Acc@Refine (replays)."""
+    played = await run_episodes(url, actor, specs, rollout)
+    judged = await critique_trajectories(critic, played, critic_sampling)
+
+    async def replay(item: TrajectoryCritique) -> None:
+        t = item.trajectory
+        noted = NotedPolicy(actor, replay_note(item.critique.text))
+        (item.replay,) = await run_episodes(url, noted, [EpisodeSpec(t.task_id, t.sample, t.split)], rollout)
+
+    await asyncio.gather(*(replay(item) for item in judged))
+    return judged

@@ -27,9 +27,13 @@ from typing import Any
 
 import httpx
 
+from agentgym import registry
 from agentgym.client import AsyncEnvClient, RetryPolicy
+from agentgym.critique import critique_metrics, critique_round, voting_accuracy
+from agentgym.envs.math.problems import Problem
 from agentgym.errors import AgentGymError
 from agentgym.policies import POLICY_KINDS, Policy, make_policy
+from agentgym.policies.base import SamplingParams
 from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
 from agentgym.trajectory import Trajectory, TrajectoryWriter, read_trajectories
 from agentgym.wire import Metadata
@@ -38,6 +42,9 @@ log = logging.getLogger(__name__)
 
 TRAJECTORIES_FILE = "trajectories.jsonl"
 RESULTS_FILE = "results.json"
+CRITIQUES_FILE = "critiques.jsonl"
+CRITIC_ENVS = ("math",)
+"""Environments ``eval --critic`` supports (its actor answers a problem in one reply)."""
 
 
 class UsageError(ValueError):
@@ -255,6 +262,48 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
     os.replace(tmp, path)
+
+
+# ----- critique-then-refine -------------------------------------------------------------
+
+
+def math_problems(split: str, n: int | None) -> list[Problem]:
+    """The first ``n`` problems of ``split`` of the default ``math`` catalogue."""
+    catalog = registry.make("math")
+    try:
+        tasks = catalog.tasks(split)
+    except AgentGymError as exc:
+        raise UsageError(exc.message) from None
+    return [catalog.problem(t.task_id) for t in tasks[:n]]
+
+
+async def evaluate_critic(
+    actor: Policy, critic: Policy, problems: list[Problem], out_dir: Path, *, k: int, sampling: SamplingParams
+) -> dict[str, Any]:
+    """Test-time critique-then-refine: ``k`` answers per problem, one critique each, a
+    refinement where the critic says anything but Correct. Writes every record to
+    ``<out>/critiques.jsonl`` and returns the results (also ``<out>/results.json``): the
+    :func:`~agentgym.critique.critique_metrics` figures and, for ``k > 1``, plain and
+    critique-filtered majority-vote accuracy. Not resumable: a re-run replaces both files."""
+    start = time.perf_counter()
+    records = await critique_round(actor, critic, problems, sampling, n_answers=k, refine_when_correct=False)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / CRITIQUES_FILE, "w") as fh:
+        for record in records:
+            fh.write(json.dumps(record.to_dict()) + "\n")
+    results = {
+        "env": "math",
+        "policy": actor.name,
+        "critic": critic.name,
+        "problems": len(problems),
+        "k": k,
+        "temperature": sampling.temperature,
+        **critique_metrics(r.outcome for r in records),
+        **(voting_accuracy(records) if k > 1 else {}),
+        "wall_s": round(time.perf_counter() - start, 3),
+    }
+    _write_json(out_dir / RESULTS_FILE, results)
+    return results
 
 
 # ----- expert datasets ------------------------------------------------------------------

@@ -21,7 +21,7 @@ err_console = Console(stderr=True)
 
 def train(
     algo: Annotated[
-        str, typer.Option(help="bapo | grpo | dapo | ppo | rloo | reinforce++ | agentevol")
+        str, typer.Option(help="bapo | grpo | dapo | ppo | rloo | reinforce++ | agentevol | critique-rl")
     ] = "bapo",
     schedule: Annotated[
         str, typer.Option(help="fixed | scaling-inter (ScalingInter-RL horizon)")

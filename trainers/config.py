@@ -46,6 +46,8 @@ ALGORITHMS: dict[str, Algorithm] = {
     "reinforce++": Algorithm(reinforce_pp_advantages, "ppo"),
     # PPO-clip without a critic: outcome rewards whitened over the batch as advantages.
     "ppo": Algorithm(_batch_whitened, "ppo"),
+    # Trains a critic, not an agent (trainers/critique_rl.py): RLOO over the critiques of one answer.
+    "critique-rl": Algorithm(rloo_advantages, "ppo"),
 }
 """Adding an algorithm: one pure advantage function (or loss) in algorithms.py + one line here."""
 
@@ -56,7 +58,7 @@ RL_ALGOS = (*ALGORITHMS, "agentevol")
 class TrainConfig:
     # ----- what to train, where -------------------------------------------------------
     algo: str = "bapo"
-    """bapo | grpo | dapo | ppo | rloo | reinforce++ | agentevol."""
+    """bapo | grpo | dapo | ppo | rloo | reinforce++ | agentevol | critique-rl."""
     env: str = "textworld"
     """Registered environment name."""
     env_url: str | None = None
@@ -162,6 +164,20 @@ class TrainConfig:
     evol_reward_threshold: float | None = None
     """AgentEvol: keep explored episodes with reward ≥ this (filtered BC); None weighs by reward."""
 
+    # ----- Critique-RL (algo: critique-rl, env: math) -------------------------------------
+    stage1_steps: int = 2
+    """Critique-RL Stage I steps (reward: the verdict), after the ``bc_steps`` warm start on
+    synthetic critiques; ``steps`` is not used by critique-rl."""
+    stage2_steps: int = 2
+    """Critique-RL Stage II steps (reward: the refined answer + ``stage2_beta`` x the verdict's)."""
+    critiques_per_answer: int = 4
+    """Critique-RL: critiques sampled per actor answer (the RLOO group); ``tasks_per_step``
+    problems, one answer each, per step."""
+    stage2_beta: float = 0.2
+    """Critique-RL: β1, the weight of the verdict reward in Stage II."""
+    stage2_kl_coef: float = 0.05
+    """Critique-RL: weight of the k3 KL to the Stage-I critic in Stage II (0 disables it)."""
+
     # ----- bookkeeping -----------------------------------------------------------------
     eval_every: int = 2
     """Evaluate on held-out test tasks every N RL steps (0: only at the end)."""
@@ -213,10 +229,28 @@ class TrainConfig:
         ):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be at least 1")
+        if self.algo == "critique-rl":
+            problems += self._critique_rl_problems()
         if self.minibatch_size % self.micro_batch_size:
             problems.append("minibatch_size must be a multiple of micro_batch_size")
         if problems:
             raise ValueError("; ".join(problems))
+
+    def _critique_rl_problems(self) -> list[str]:
+        problems = []
+        if self.env != "math":
+            problems.append("critique-rl trains on env math")
+        if not self.lora or self.generator != "hf":
+            problems.append(
+                "critique-rl needs lora: true and generator: hf (the actor is the base model, adapters off)"
+            )
+        if self.critiques_per_answer < 2:
+            problems.append(
+                "critiques_per_answer must be at least 2 (RLOO compares the critiques of one answer)"
+            )
+        if self.stage1_steps < 0 or self.stage2_steps < 0:
+            problems.append("stage1_steps and stage2_steps must be at least 0")
+        return problems
 
     # ----- files -------------------------------------------------------------------------
 

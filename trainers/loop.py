@@ -22,7 +22,9 @@ from typing import Any
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from agentgym import registry
 from agentgym.client import EnvClient
+from agentgym.critique import critique_metrics, critique_round
 from agentgym.policies.base import Generation, GenerationRequest, SamplingParams
 from agentgym.policies.chat import END_OF_TURN_TOKENS
 from agentgym.policies.hf import HFPolicy
@@ -40,6 +42,14 @@ from agentgym.trainers.algorithms import (
 from agentgym.trainers.batch import TokenBatch, collate, token_logprobs
 from agentgym.trainers.checkpoint import MetricsLog, RunDir
 from agentgym.trainers.config import ALGORITHMS, TrainConfig
+from agentgym.trainers.critique_rl import (
+    BaseModelActor,
+    demonstrations,
+    rloo_groups,
+    stage_of,
+    stage_rewards,
+    swapped_weights,
+)
 from agentgym.trainers.distributed import DataParallel, sharded_index
 from agentgym.trainers.schedules import FixedHorizon, ScalingInterHorizon
 from agentgym.trajectory import Trajectory, TrajectoryWriter, read_trajectories
@@ -81,7 +91,13 @@ class Trainer:
             if config.schedule == "scaling-inter"
             else FixedHorizon(config.max_turns)
         )
-        self.rl_steps = config.evol_iterations if config.algo == "agentevol" else config.steps
+        self.critique = config.algo == "critique-rl"
+        self.rl_steps = {
+            "agentevol": config.evol_iterations,
+            "critique-rl": config.stage1_steps + config.stage2_steps,
+        }.get(config.algo, config.steps)
+        self._reference: list[torch.Tensor] | None = None
+        """Critique-RL Stage II: the Stage-I critic's trainable weights, the KL reference."""
         self.total_steps = config.bc_steps + self.rl_steps
 
     # ----- the whole algorithm -------------------------------------------------------
@@ -112,7 +128,10 @@ class Trainer:
         with _progress(visible=self.dp.main) as progress:
             bar = progress.add_task("training", total=self.total_steps, completed=start - 1)
             for step in range(start, self.total_steps + 1):
-                record = self._bc_step(step) if step <= self.config.bc_steps else self._rl_step(step)
+                if step <= self.config.bc_steps:
+                    record = self._bc_step(step)
+                else:
+                    record = self._critique_step(step) if self.critique else self._rl_step(step)
                 if self.dp.main:  # the other ranks go on to the next step and wait for rank 0 there
                     self._finish_step(step, record)
                 progress.update(bar, advance=1, description=_describe(record))
@@ -120,18 +139,21 @@ class Trainer:
     def _finish_step(self, step: int, record: dict[str, Any]) -> None:
         """Rank 0: evaluate when due, log the step, checkpoint when due."""
         if self._eval_due(step):
-            record["eval_success_rate"] = self._evaluate()
+            record.update(
+                self._evaluate_critic() if self.critique else {"eval_success_rate": self._evaluate()}
+            )
         self.metrics.log(record)
         if step % self.config.checkpoint_every == 0 or step == self.total_steps:
             self.run_dir.save_checkpoint(step, self.model, self.optimizer, {"phase": record["phase"]})
 
     def _bc_step(self, step: int) -> dict[str, Any]:
-        """One optimizer step of behaviour cloning on a minibatch of expert episodes."""
-        expert = self._expert_dataset()
+        """One optimizer step of behaviour cloning on a minibatch of expert episodes (for
+        critique-rl: of synthetic critiques)."""
+        demos = self._critique_demos() if self.critique else [_tokens(t) for t in self._expert_dataset()]
         rng = random.Random(self.config.seed * 7919 + step)
-        chosen = rng.sample(expert, min(self.config.bc_batch_size, len(expert)))
+        chosen = rng.sample(demos, min(self.config.bc_batch_size, len(demos)))
         start = time.perf_counter()
-        loss = self._optimizer_step(self._batch(chosen, [1.0] * len(chosen)), self._nll_loss)
+        loss = self._optimizer_step(collate(chosen, [1.0] * len(chosen), self.pad_id), self._nll_loss)
         return {
             "step": step,
             "phase": "bc",
@@ -173,7 +195,10 @@ class Trainer:
             advantages = advantages[keep]
             if not trajectories:
                 return {"updates": [], "skipped": "every group had equal rewards"}
-        batch = self._batch(trajectories, advantages.tolist())
+        return self._update_on(self._batch(trajectories, advantages.tolist()))
+
+    def _update_on(self, batch: TokenBatch) -> dict[str, Any]:
+        """``ppo_epochs`` passes of clipped-surrogate updates over ``batch`` in minibatches."""
         updates = []
         for _ in range(self.config.ppo_epochs):
             for index in torch.randperm(len(batch)).split(self.config.minibatch_size):
@@ -196,6 +221,7 @@ class Trainer:
             c_low, c_high = 1 - self.config.clip.eps_low, 1 + self.config.clip.eps_high
         stats: list[LossStats] = []
         entropies: list[float] = []
+        kl_coef = self.config.stage2_kl_coef if self._reference is not None else self.config.kl_coef
 
         def loss_fn(micro: TokenBatch) -> torch.Tensor:
             logp, entropy = self._logprobs(micro, with_entropy=True)
@@ -212,8 +238,8 @@ class Trainer:
             stats.append(micro_stats)
             entropies.append(mean_entropy.detach().item())
             loss = loss - self.config.entropy_coef * mean_entropy
-            if self.config.kl_coef:
-                loss = loss + self.config.kl_coef * aggregate(
+            if kl_coef:
+                loss = loss + kl_coef * aggregate(
                     kl_k3(logp, self._reference_logp(micro)), micro.loss_mask, self.config.loss_aggregation
                 )
             return loss
@@ -237,6 +263,77 @@ class Trainer:
             batch = self._batch([c[0] for c in chosen], [c[1] for c in chosen])
             losses.append(self._optimizer_step(batch, self._nll_loss))
         return {"loss": _mean(losses), "learn_episodes": len(data)}
+
+    def _critique_step(self, step: int) -> dict[str, Any]:
+        """Critique-RL: the frozen actor answers ``tasks_per_step`` train problems, the critic
+        critiques each answer ``critiques_per_answer`` times, the actor refines; the
+        critiques' stage rewards become RLOO advantages for a PPO update of the critic."""
+        stage = stage_of(step - self.config.bc_steps, self.config.stage1_steps)
+        if stage == 2 and self._reference is None:
+            self._reference = self._stage1_reference()
+        rng = random.Random(self.config.seed * 1_000_003 + step)  # same problems after a resume
+        problems = rng.sample(self.train_problems, min(self.config.tasks_per_step, len(self.train_problems)))
+        # No seed: the critiques of one answer must differ.
+        sampling = SamplingParams(
+            temperature=self.config.temperature, max_new_tokens=self.config.max_new_tokens
+        )
+        start = time.perf_counter()
+        shard = critique_round(
+            self.actor,
+            self.generator,
+            self.dp.shard(problems),
+            sampling,
+            n_critiques=self.config.critiques_per_answer,
+        )
+        records = self.dp.gather(self._run(shard))
+        rewards = stage_rewards(records, stage, self.config.stage2_beta)
+        advantages = ALGORITHMS["critique-rl"].advantages(
+            rewards, rloo_groups(len(records), self.config.critiques_per_answer)
+        )
+        samples = [r.critic_sample(self.policy.prompt_ids(r.critic_prompt)) for r in records]
+        record = {
+            "step": step,
+            "phase": f"critique-{stage}",
+            "critiques": len(records),
+            "reward_mean": _mean(rewards.tolist()),
+            **critique_metrics(r.outcome for r in records),
+            "rollout_s": round(time.perf_counter() - start, 2),
+        }
+        start = time.perf_counter()
+        record.update(self._update_on(collate(samples, advantages.tolist(), self.pad_id)))
+        record["update_s"] = round(time.perf_counter() - start, 2)
+        return record
+
+    def _stage1_reference(self) -> list[torch.Tensor]:
+        """The critic's trainable weights at the end of Stage I, kept in the run folder so a
+        run resumed in Stage II keeps the same reference."""
+        path = self.run_dir.path / "stage1-reference.pt"
+        if path.exists():
+            return [t.to(self.device) for t in torch.load(path)]
+        snapshot = [p.detach().clone() for p in self._trainable]
+        if self.dp.main:
+            torch.save([t.cpu() for t in snapshot], path)
+        return snapshot
+
+    def _critique_demos(self) -> list[dict[str, Any]]:
+        """Synthetic critiques of ``bc_episodes`` train problems, built once per run."""
+        if getattr(self, "_demos", None) is None:
+            problems = self.train_problems[: self.config.bc_episodes]
+            end_id = TokenizedExpert(self.tokenizer).end_id
+            self._demos = demonstrations(problems, self.policy, end_id, self.config.seed)
+        return self._demos
+
+    def _evaluate_critic(self) -> dict[str, Any]:
+        """Greedy critique rounds on the first ``eval_tasks`` test problems: every
+        :func:`~agentgym.critique.critique_metrics` figure as ``eval_<name>``, and Acc@Refine as
+        ``eval_success_rate`` (the actor's success with the critic in the loop)."""
+        sampling = SamplingParams(temperature=0.0, max_new_tokens=self.config.max_new_tokens)
+        problems = self.test_problems[: self.config.eval_tasks]
+        records = self._run(critique_round(self.actor, self.generator, problems, sampling))
+        metrics = critique_metrics(r.outcome for r in records)
+        return {f"eval_{key}": value for key, value in metrics.items()} | {
+            "eval_success_rate": metrics["acc_refine"]
+        }
 
     # ----- the pieces ------------------------------------------------------------------
 
@@ -272,7 +369,11 @@ class Trainer:
         return minibatch.by_length().split(self.config.micro_batch_size)
 
     def _reference_logp(self, micro: TokenBatch) -> torch.Tensor:
-        """Log-probs under the initial policy: the base model with the adapters switched off."""
+        """Log-probs under the initial policy: the base model with the adapters switched off
+        (Critique-RL Stage II: under the Stage-I critic)."""
+        if self._reference is not None:
+            with torch.no_grad(), swapped_weights(self._trainable, self._reference):
+                return self._logprobs(micro)[0]
         if not self.config.lora:
             raise ValueError("kl_coef needs lora: true (the reference is the base model without adapters)")
         with torch.no_grad(), self.model.disable_adapter():
@@ -293,10 +394,7 @@ class Trainer:
         )
 
     def _batch(self, trajectories: list[Trajectory], weights: list[float]) -> TokenBatch:
-        records = [
-            {"token_ids": t.token_ids, "loss_mask": t.loss_mask, "logprobs": t.logprobs} for t in trajectories
-        ]
-        return collate(records, weights, self.pad_id)
+        return collate([_tokens(t) for t in trajectories], weights, self.pad_id)
 
     def _collect(self, step: int, horizon: int) -> list[Trajectory]:
         rng = random.Random(self.config.seed * 1_000_003 + step)  # same tasks after a resume
@@ -466,6 +564,12 @@ class Trainer:
         with EnvClient(self.url) as client:
             self.train_tasks = [t.task_id for t in client.tasks(split="train", limit=10_000).tasks]
             self.test_tasks = [t.task_id for t in client.tasks(split="test", limit=10_000).tasks]
+        if self.critique:
+            # The problems behind the server's task ids (same env settings, same problems).
+            catalog = registry.make(self.config.env, **self.config.env_settings)
+            self.train_problems = [catalog.problem(t) for t in self.train_tasks]
+            self.test_problems = [catalog.problem(t) for t in self.test_tasks]
+            self.actor = BaseModelActor(self.policy, self.model)
 
     def _top_layers(self, model: torch.nn.Module) -> list[int] | None:
         if self.config.lora_layers is None:
@@ -512,6 +616,15 @@ def _merged_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
         model.unmerge_adapter()
 
 
+def _tokens(trajectory: Trajectory) -> dict[str, Any]:
+    """A trajectory as a ``collate`` record."""
+    return {
+        "token_ids": trajectory.token_ids,
+        "loss_mask": trajectory.loss_mask,
+        "logprobs": trajectory.logprobs,
+    }
+
+
 def _rollout_stats(trajectories: list[Trajectory]) -> dict[str, Any]:
     finished = [t for t in trajectories if not t.errored]
     return {
@@ -535,6 +648,8 @@ def _mean(values: Any) -> float:
 def _describe(record: dict[str, Any]) -> str:
     if record["phase"] == "bc":
         return f"bc  loss {record['loss']:.3f}"
+    if record["phase"].startswith("critique"):
+        return f"{record['phase']}  acc@dis {record['acc_dis']:.2f}"
     return f"rl  success {record['success_rate']:.2f} turns≤{record['max_turns']}"
 
 
