@@ -299,7 +299,7 @@ def test_loaders_read_flashrag_files(user_files: dict, tmp_path: Path) -> None:
 
 
 def test_parquet_questions(user_files: dict, tmp_path: Path) -> None:
-    pa = pytest.importorskip("pyarrow")
+    import pyarrow as pa  # the search extra installs it
     import pyarrow.parquet as pq
 
     path = tmp_path / "test.parquet"
