@@ -41,7 +41,7 @@ play: setup
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra --durations=10
 
 lint: setup
 	$(BIN)/ruff check .
