@@ -472,8 +472,8 @@ def evaluate_policy(
     critic: Annotated[
         str | None,
         typer.Option(
-            help="Critic model (same backend as --policy): critique-then-refine and critique-filtered "
-            "voting instead of episodes (env math)."
+            help="Critic model (same backend as --policy). math: critique-then-refine and "
+            "critique-filtered voting; other envs: each episode is critiqued and replayed with the critique."
         ),
     ] = None,
 ) -> None:
@@ -485,14 +485,19 @@ def evaluate_policy(
     _require_policy(policy)
     temperature = temperature if temperature is not None else (0.0 if k == 1 else 1.0)
     out = out or Path("runs/eval") / f"{env}-{split}-{policy}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if critic is not None:
-        choice = PolicyChoice(policy, model, base_url, api_key, concurrency)
-        sampling = SamplingParamsArgs(temperature, max_new_tokens)
-        _evaluate_with_critic(env, split, n, k, choice, critic, sampling, out, url)
-        return
     rollout = _rollout_config(
         agent_format, max_turns, concurrency, temperature, max_new_tokens, history_turns
     )
+    if critic is not None:
+        from agentgym.evaluation import CRITIC_ENVS
+
+        choice = PolicyChoice(policy, model, base_url, api_key, concurrency)
+        if env in CRITIC_ENVS:
+            sampling = SamplingParamsArgs(temperature, max_new_tokens)
+            _evaluate_with_critic(env, split, n, k, choice, critic, sampling, out, url)
+        else:
+            _evaluate_episodes_with_critic(env, split, n, choice, critic, rollout, out, url, token)
+        return
     config = EvalConfig(env=env, out_dir=out, split=split, n=n, k=k, rollout=rollout)
 
     async def job(server_url: str, built: Policy, callbacks: EpisodeCallbacks) -> dict[str, Any]:
@@ -531,19 +536,9 @@ def _evaluate_with_critic(
 ) -> None:
     """``eval --critic``: the actor (``choice``) and the critic (same backend, model
     ``critic``) play critique rounds on ``split``'s problems; no env server is involved."""
-    from agentgym.evaluation import (
-        CRITIC_ENVS,
-        CRITIQUES_FILE,
-        RESULTS_FILE,
-        UsageError,
-        build_policy,
-        evaluate_critic,
-        math_problems,
-    )
+    from agentgym.evaluation import UsageError, build_policy, evaluate_critic, math_problems
     from agentgym.policies.base import SamplingParams
 
-    if env not in CRITIC_ENVS:
-        raise fail(f"--critic supports --env {', '.join(CRITIC_ENVS)}, not {env!r}", EXIT_USAGE)
     if url is not None:
         raise fail("--critic reads the problems from the math catalogue itself: drop --url", EXIT_USAGE)
 
@@ -562,6 +557,40 @@ def _evaluate_with_critic(
             results = asyncio.run(run())
     except UsageError as exc:
         raise fail(str(exc), EXIT_USAGE) from None
+    _print_critic_results(env, split, results, out)
+
+
+def _evaluate_episodes_with_critic(
+    env: str,
+    split: str,
+    n: int | None,
+    choice: PolicyChoice,
+    critic: str,
+    rollout: RolloutConfig,
+    out: Path,
+    url: str | None,
+    token: str | None,
+) -> None:
+    """``eval --critic`` on an agent env: the actor plays episodes, the critic (same backend,
+    model ``critic``) judges each one, the actor replays each task with the critique."""
+    from agentgym.evaluation import build_policy, evaluate_episode_critic
+
+    async def job(server_url: str, actor: Policy, callbacks: EpisodeCallbacks) -> dict[str, Any]:
+        judge = build_policy(choice.kind, **_policy_args(choice, critic))
+        try:
+            return await evaluate_episode_critic(
+                server_url, actor, judge, env, split, n, out, rollout=rollout, token=token
+            )
+        finally:
+            await judge.close()
+
+    results = _run_policy_job(env, url, out / "servers", token, job, choice)
+    _print_critic_results(env, split, results, out)
+
+
+def _print_critic_results(env: str, split: str, results: dict[str, Any], out: Path) -> None:
+    from agentgym.evaluation import CRITIQUES_FILE, RESULTS_FILE
+
     table = Table(
         "metric", "value", title=f"{env} / {split} / {results['policy']} + critic {results['critic']}"
     )

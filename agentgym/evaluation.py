@@ -29,7 +29,7 @@ import httpx
 
 from agentgym import registry
 from agentgym.client import AsyncEnvClient, RetryPolicy
-from agentgym.critique import critique_metrics, critique_round, voting_accuracy
+from agentgym.critique import critique_and_replay, critique_metrics, critique_round, voting_accuracy
 from agentgym.envs.math.problems import Problem
 from agentgym.errors import AgentGymError
 from agentgym.policies import POLICY_KINDS, Policy, make_policy
@@ -44,6 +44,8 @@ TRAJECTORIES_FILE = "trajectories.jsonl"
 RESULTS_FILE = "results.json"
 CRITIQUES_FILE = "critiques.jsonl"
 CRITIC_ENVS = ("math",)
+"""Envs whose ``eval --critic`` is a critique round on problems; every other env critiques
+whole episodes and replays them (:func:`evaluate_episode_critic`)."""
 """Environments ``eval --critic`` supports (its actor answers a problem in one reply)."""
 
 
@@ -300,6 +302,48 @@ async def evaluate_critic(
         "temperature": sampling.temperature,
         **critique_metrics(r.outcome for r in records),
         **(voting_accuracy(records) if k > 1 else {}),
+        "wall_s": round(time.perf_counter() - start, 3),
+    }
+    _write_json(out_dir / RESULTS_FILE, results)
+    return results
+
+
+async def evaluate_episode_critic(
+    url: str,
+    actor: Policy,
+    critic: Policy,
+    env: str,
+    split: str,
+    n: int | None,
+    out_dir: Path,
+    *,
+    rollout: RolloutConfig,
+    token: str | None = None,
+) -> dict[str, Any]:
+    """Critique-then-replay on agent episodes: the actor plays the first ``n`` tasks of
+    ``split``, the critic judges each episode, the actor replays each task with the critique.
+    Writes ``<out>/critiques.jsonl`` (episode, critique, verdict, replay) and returns the
+    :func:`~agentgym.critique.critique_metrics` figures (also ``<out>/results.json``)."""
+    start = time.perf_counter()
+    specs = [EpisodeSpec(task, split=split) for task in await list_tasks(url, split, n, token)]
+    judged = await critique_and_replay(url, actor, critic, specs, rollout, rollout.sampling)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / CRITIQUES_FILE, "w") as fh:
+        for item in judged:
+            record = {
+                "task_id": item.trajectory.task_id,
+                "critique": item.critique.text,
+                "verdict": item.verdict,
+                "episode": item.trajectory.to_dict(),
+                "replay": item.replay.to_dict() if item.replay else None,
+            }
+            fh.write(json.dumps(record) + "\n")
+    results = {
+        "env": env,
+        "policy": actor.name,
+        "critic": critic.name,
+        "episodes": len(judged),
+        **critique_metrics(item.outcome for item in judged),
         "wall_s": round(time.perf_counter() - start, 3),
     }
     _write_json(out_dir / RESULTS_FILE, results)

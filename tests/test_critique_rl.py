@@ -94,10 +94,19 @@ def test_eval_with_a_critic_reports_critique_metrics(tiny_model_dir: Path, tmp_p
     assert "acc_refine" in result.output
 
 
-def test_eval_with_a_critic_is_a_usage_error_beyond_math() -> None:
-    result = CliRunner().invoke(app, ["eval", "--env", "textworld", "--critic", "smollm2-135m"])
-    assert result.exit_code == 2
-    assert "--critic supports --env math" in result.output
+def test_eval_with_a_critic_on_textworld_critiques_and_replays_episodes(
+    tiny_model_dir: Path, textworld_url: str, tmp_path: Path
+) -> None:
+    args = ["eval", "--env", "textworld", "--url", textworld_url, "--model", str(tiny_model_dir)]
+    args += ["--critic", str(tiny_model_dir), "--n", "2", "--max-turns", "2", "--max-new-tokens", "4"]
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["episodes"] == 2 and {"acc", "acc_dis", "acc_refine"} <= set(results)
+    records = [json.loads(line) for line in (tmp_path / "critiques.jsonl").read_text().splitlines()]
+    assert [r["replay"]["task_id"] for r in records] == [r["episode"]["task_id"] for r in records]
+    math_with_url = ["eval", "--env", "math", "--url", textworld_url, "--critic", str(tiny_model_dir)]
+    assert CliRunner().invoke(app, math_with_url).exit_code == 2
 
 
 class NoteSpy:
