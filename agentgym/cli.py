@@ -577,9 +577,20 @@ def _evaluate_episodes_with_critic(
 
     async def job(server_url: str, actor: Policy, callbacks: EpisodeCallbacks) -> dict[str, Any]:
         judge = build_policy(choice.kind, **_policy_args(choice, critic))
+        on_plan, on_episode = callbacks
         try:
             return await evaluate_episode_critic(
-                server_url, actor, judge, env, split, n, out, rollout=rollout, token=token
+                server_url,
+                actor,
+                judge,
+                env,
+                split,
+                n,
+                out,
+                rollout=rollout,
+                token=token,
+                on_plan=on_plan,
+                on_episode=on_episode,
             )
         finally:
             await judge.close()

@@ -443,18 +443,22 @@ async def critique_and_replay(
     specs: Sequence[EpisodeSpec],
     rollout: RolloutConfig,
     critic_sampling: SamplingParams,
+    *,
+    token: str | None = None,
+    on_episode: Callable[[Trajectory], None] | None = None,
 ) -> list[TrajectoryCritique]:
     """The protocol on agent episodes: the actor plays ``specs`` on the env server at
     ``url``, the critic judges each episode, and the actor replays each task with
     :func:`replay_note` of its critique before the first observation. ``critique_metrics``
     of the results' ``outcome`` gives Acc (first episodes), Acc@Dis and Acc@Refine (replays)."""
-    played = await run_episodes(url, actor, specs, rollout)
+    played = await run_episodes(url, actor, specs, rollout, token=token, on_episode=on_episode)
     judged = await critique_trajectories(critic, played, critic_sampling)
 
     async def replay(item: TrajectoryCritique) -> None:
         t = item.trajectory
         noted = NotedPolicy(actor, replay_note(item.critique.text))
-        (item.replay,) = await run_episodes(url, noted, [EpisodeSpec(t.task_id, t.sample, t.split)], rollout)
+        spec = EpisodeSpec(t.task_id, t.sample, t.split)
+        (item.replay,) = await run_episodes(url, noted, [spec], rollout, token=token, on_episode=on_episode)
 
     await asyncio.gather(*(replay(item) for item in judged))
     return judged

@@ -319,14 +319,21 @@ async def evaluate_episode_critic(
     *,
     rollout: RolloutConfig,
     token: str | None = None,
+    on_plan: Callable[[int, int], None] | None = None,
+    on_episode: Callable[[Trajectory], None] | None = None,
 ) -> dict[str, Any]:
     """Critique-then-replay on agent episodes: the actor plays the first ``n`` tasks of
-    ``split``, the critic judges each episode, the actor replays each task with the critique.
+    ``split``, the critic judges each episode, the actor replays each task with the critique
+    (``on_plan(total, done)`` and ``on_episode`` see both the episodes and the replays).
     Writes ``<out>/critiques.jsonl`` (episode, critique, verdict, replay) and returns the
     :func:`~agentgym.critique.critique_metrics` figures (also ``<out>/results.json``)."""
     start = time.perf_counter()
     specs = [EpisodeSpec(task, split=split) for task in await list_tasks(url, split, n, token)]
-    judged = await critique_and_replay(url, actor, critic, specs, rollout, rollout.sampling)
+    if on_plan:
+        on_plan(2 * len(specs), 0)
+    judged = await critique_and_replay(
+        url, actor, critic, specs, rollout, rollout.sampling, token=token, on_episode=on_episode
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / CRITIQUES_FILE, "w") as fh:
         for item in judged:
