@@ -376,13 +376,7 @@ def _run_policy_job(
         try:
             asyncio.run(check_server(server_url, env, token))
             with console.status(f"loading the {choice.kind} policy ..."):
-                policy = build_policy(
-                    choice.kind,
-                    model=choice.model,
-                    base_url=choice.base_url,
-                    api_key=choice.api_key,
-                    concurrency=choice.concurrency,
-                )
+                policy = build_policy(choice.kind, **_policy_args(choice, choice.model))
             return asyncio.run(run(server_url, policy))
         except UsageError as exc:
             raise fail(str(exc), EXIT_USAGE) from None

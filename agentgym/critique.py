@@ -398,6 +398,16 @@ class TrajectoryCritique:
         refined = self.replay if self.replay is not None else self.trajectory
         return Outcome(self.trajectory.success, self.verdict, refined.success)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The episode, the critique, its verdict and the replay, as one JSON record."""
+        return {
+            "task_id": self.trajectory.task_id,
+            "critique": self.critique.text,
+            "verdict": self.verdict,
+            "episode": self.trajectory.to_dict(),
+            "replay": self.replay.to_dict() if self.replay else None,
+        }
+
 
 async def critique_trajectories(
     critic: Policy, trajectories: Sequence[Trajectory], sampling: SamplingParams

@@ -259,6 +259,13 @@ async def evaluate(
     return results
 
 
+def _write_critiques(out_dir: Path, records: list[dict[str, Any]]) -> None:
+    """``<out>/critiques.jsonl``, one record a line (replaced: critique evals do not resume)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / CRITIQUES_FILE, "w") as fh:
+        fh.writelines(json.dumps(record) + "\n" for record in records)
+
+
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     """Write atomically: a reader never sees half a results file."""
     tmp = path.with_suffix(".tmp")
@@ -289,10 +296,7 @@ async def evaluate_critic(
     critique-filtered majority-vote accuracy. Not resumable: a re-run replaces both files."""
     start = time.perf_counter()
     records = await critique_round(actor, critic, problems, sampling, n_answers=k, refine_when_correct=False)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / CRITIQUES_FILE, "w") as fh:
-        for record in records:
-            fh.write(json.dumps(record.to_dict()) + "\n")
+    _write_critiques(out_dir, [record.to_dict() for record in records])
     results = {
         "env": "math",
         "policy": actor.name,
@@ -334,17 +338,7 @@ async def evaluate_episode_critic(
     judged = await critique_and_replay(
         url, actor, critic, specs, rollout, rollout.sampling, token=token, on_episode=on_episode
     )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / CRITIQUES_FILE, "w") as fh:
-        for item in judged:
-            record = {
-                "task_id": item.trajectory.task_id,
-                "critique": item.critique.text,
-                "verdict": item.verdict,
-                "episode": item.trajectory.to_dict(),
-                "replay": item.replay.to_dict() if item.replay else None,
-            }
-            fh.write(json.dumps(record) + "\n")
+    _write_critiques(out_dir, [item.to_dict() for item in judged])
     results = {
         "env": env,
         "policy": actor.name,

@@ -35,14 +35,15 @@ def percentile_ms(samples: list[float], q: int) -> float:
 
 
 def build_figures(products: int, n_test: int) -> tuple[Any, dict[str, float]]:
+    from agentgym.cache import cache_dir
     from agentgym.envs.webshop.catalog import generate_catalog
     from agentgym.envs.webshop.search import SearchIndex
-    from agentgym.envs.webshop.world import CatalogSource, default_cache_dir
+    from agentgym.envs.webshop.world import CatalogSource
 
     t0 = time.perf_counter()
     catalog = generate_catalog(products)
     generated = time.perf_counter() - t0
-    folder = default_cache_dir() / f"index-{CatalogSource(n_products=products).fingerprint()}"
+    folder = cache_dir("webshop") / f"index-{CatalogSource(n_products=products).fingerprint()}"
     t0 = time.perf_counter()
     SearchIndex(catalog, folder)
     built = time.perf_counter() - t0

@@ -20,6 +20,7 @@ pytest.importorskip("transformers")
 
 import torch
 
+from agentgym.cache import cache_dir
 from agentgym.policies import POLICY_KINDS, make_policy
 from agentgym.policies import models as model_specs
 from agentgym.policies.base import Generation, GenerationRequest, Policy, SamplingParams
@@ -59,7 +60,7 @@ def policy(agentgym_cache: str) -> Iterator[HFPolicy]:
 
 
 def test_alias_is_converted_once_and_reused(policy: HFPolicy, monkeypatch: pytest.MonkeyPatch) -> None:
-    folder = Path(model_specs.models_cache_dir()) / "SmolLM2-135M-Instruct"
+    folder = cache_dir("models") / "SmolLM2-135M-Instruct"
     assert (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file()
     assert "quantization_config" not in (folder / "config.json").read_text()
     assert not [p for p in folder.parent.iterdir() if ".tmp-" in p.name]  # no leftovers

@@ -76,11 +76,10 @@ class RayRollouts:
     async def play(self, url: str, specs: list[EpisodeSpec], rollout: RolloutConfig) -> list[Trajectory]:
         """Play ``specs``: worker i takes the groups of every i-th task (a group stays on
         one worker, so its samples come from one set of weights)."""
-        tasks = list(dict.fromkeys(spec.task_id for spec in specs))
-        shares = [
-            [s for s in specs if tasks.index(s.task_id) % len(self.workers) == i]
-            for i in range(len(self.workers))
-        ]
+        task_number = {task: i for i, task in enumerate(dict.fromkeys(s.task_id for s in specs))}
+        shares: list[list[EpisodeSpec]] = [[] for _ in self.workers]
+        for spec in specs:
+            shares[task_number[spec.task_id] % len(self.workers)].append(spec)
         calls = [
             w.play.remote(share, rollout) for w, share in zip(self.workers, shares, strict=True) if share
         ]

@@ -29,6 +29,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentgym.cache import cache_dir
+
 log = logging.getLogger(__name__)
 
 
@@ -63,21 +65,15 @@ class ModelNotAvailable(RuntimeError):
     """The spec names a model whose weights are not on this machine."""
 
 
-def models_cache_dir() -> Path:
-    """``$AGENTGYM_CACHE/models``, else ``~/.cache/agentgym/models``."""
-    base = os.environ.get("AGENTGYM_CACHE")
-    return (Path(base) if base else Path.home() / ".cache" / "agentgym") / "models"
-
-
 def resolve_model(spec: str) -> str:
     """Map ``spec`` (alias, ``.gguf`` path, folder or Hugging Face id) to what
     ``from_pretrained`` should load: a converted cache folder for aliases and GGUF files,
     ``spec`` itself otherwise. Converts at most once per cache folder."""
     if spec in ALIASES:
         alias = ALIASES[spec]
-        return str(ensure_converted(alias_gguf_path(alias), models_cache_dir() / alias.cache_name))
+        return str(ensure_converted(alias_gguf_path(alias), cache_dir("models") / alias.cache_name))
     if spec.endswith(".gguf") and Path(spec).is_file():
-        return str(ensure_converted(Path(spec), models_cache_dir() / Path(spec).stem))
+        return str(ensure_converted(Path(spec), cache_dir("models") / Path(spec).stem))
     return spec
 
 

@@ -39,10 +39,11 @@ class HFDecoder:
 
 def local_model_folder(spec: str) -> Path | None:
     """Where ``spec``'s tokenizer is on disk without downloading or converting anything."""
-    from agentgym.policies.models import ALIASES, models_cache_dir
+    from agentgym.cache import cache_dir
+    from agentgym.policies.models import ALIASES
 
     if spec in ALIASES:
-        folder = models_cache_dir() / ALIASES[spec].cache_name
+        folder = cache_dir("models") / ALIASES[spec].cache_name
         return folder if (folder / "tokenizer_config.json").is_file() else None
     folder = Path(spec).expanduser()
     if folder.is_dir() and (folder / "tokenizer_config.json").is_file():

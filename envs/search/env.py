@@ -14,10 +14,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from agentgym.cache import cache_dir as agentgym_cache_dir
 from agentgym.core import Task, TextEnv, Transition
 from agentgym.envs.search.answers import exact_match, f1_score, normalize_answer
 from agentgym.envs.search.data import Question
-from agentgym.envs.search.index import Hit, default_cache_dir
+from agentgym.envs.search.index import Hit
 from agentgym.envs.search.library import GeneratedSource, Library, UserSource, library
 from agentgym.envs.search.retrieval import Retriever, check_retriever
 from agentgym.errors import UnknownTask
@@ -110,7 +111,9 @@ class SearchEnv(TextEnv):
         source = _source(
             corpus, questions, GeneratedSource(kb_seed, kb_scale, distractors, tuple(hops), n_train, n_test)
         )
-        self.library: Library = library(source, Path(cache_dir) if cache_dir else default_cache_dir())
+        self.library: Library = library(
+            source, Path(cache_dir) if cache_dir else agentgym_cache_dir("search")
+        )
         self.retriever: Retriever = self.library.retriever(retriever)
         self._question: Question | None = None
         self._seen_docs: set[str] = set()

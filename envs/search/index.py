@@ -39,12 +39,6 @@ class Hit:
     score: float
 
 
-def default_cache_dir() -> Path:
-    """``$AGENTGYM_CACHE/search``, else ``~/.cache/agentgym/search``."""
-    base = os.environ.get("AGENTGYM_CACHE")
-    return Path(base) / "search" if base else Path.home() / ".cache" / "agentgym" / "search"
-
-
 def query_terms(query: str) -> list[str]:
     """The words of a free-text query, lower-cased: tantivy's query language treats
     quotes, colons, brackets and upper-case AND/OR as syntax, and agents write anything."""

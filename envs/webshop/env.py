@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import httpx
 
+from agentgym.cache import cache_dir as agentgym_cache_dir
 from agentgym.core import WEB_PREFIX, Task, TextEnv, Transition
 from agentgym.envs.webshop.browser import BrowserTab, Snapshot, browser_worker
 from agentgym.envs.webshop.goals import Goal
@@ -35,7 +36,7 @@ from agentgym.envs.webshop.shop import (
     view_of,
 )
 from agentgym.envs.webshop.site import local_site_url, site_router
-from agentgym.envs.webshop.world import SPLITS, CatalogSource, World, default_cache_dir, shared_world
+from agentgym.envs.webshop.world import SPLITS, CatalogSource, World, shared_world
 from agentgym.errors import EngineError, UnknownTask
 
 MODES = ("text", "browser")
@@ -199,7 +200,7 @@ class WebShopEnv(TextEnv):
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         super().__init__(max_turns=max_turns)
         source = CatalogSource(n_products, catalog_seed, products_file, attributes_file, instructions_file)
-        cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        cache = Path(cache_dir) if cache_dir is not None else agentgym_cache_dir("webshop")
         self.world = shared_world(source, n_train, n_test, cache)
         self.mode = mode
         self.shop: TextShop | BrowserShop = (

@@ -116,9 +116,3 @@ def shared_world(source: CatalogSource, n_train: int, n_test: int, cache_dir: Pa
         if key not in _worlds:
             _worlds[key] = World(source, n_train, n_test, cache_dir)
         return _worlds[key]
-
-
-def default_cache_dir() -> Path:
-    """``$AGENTGYM_CACHE/webshop``, else ``~/.cache/agentgym/webshop``."""
-    base = os.environ.get("AGENTGYM_CACHE")
-    return Path(base) / "webshop" if base else Path.home() / ".cache" / "agentgym" / "webshop"
