@@ -8,6 +8,14 @@ fixed groups of ``concurrency`` episodes in lock-step, as AgentGym-RL does (ever
 waits for the slowest episode of its group, the next group starts when the whole group is
 done); it exists to measure the difference (``bench/rollout.py``).
 
+Partial rollouts: :class:`Rollouts` keeps one env client open across calls, and
+``Rollouts.play(specs, token_budget=n)`` pauses every episode once it has generated ``n``
+tokens in that call (after a whole turn, its env session kept open); the next ``play``
+resumes the paused episodes first. Between calls the policy's weights may change: the
+tokens sampled before keep their log-probs and weights versions (``Trajectory.versions``),
+the resumed ones are sampled by the new weights. ``run_episodes`` is ``play`` without a
+budget.
+
 Failures stay inside their episode: an env error (connection refused, 5xx, timeout, a
 session gone) or a failed/timed-out generation ends that episode with
 ``end_reason = "error:<kind>"``; the other episodes and the run go on. A reply that does
@@ -147,7 +155,8 @@ class TurnBarrier:
 
 class Episode:
     """One episode's state and loop. :meth:`run` never raises for env, policy or parse
-    failures; it returns the trajectory with the reason the episode ended."""
+    failures; it returns the trajectory with the reason the episode ended, or ``None``
+    when a token budget paused it (a later :meth:`run` resumes it)."""
 
     def __init__(self, ctx: RunContext, spec: EpisodeSpec, barrier: TurnBarrier | None = None) -> None:
         self.ctx = ctx
@@ -161,13 +170,42 @@ class Episode:
         self.actions: list[str | None] = []
         self.end_reason: str | None = None
         self.error: str | None = None
-        self.timings = {"generation": 0.0, "env": 0.0}
+        self.timings = {"generation": 0.0, "env": 0.0, "total": 0.0}
+        self._paused = False
+        self._generated_now = 0
+        """Tokens generated during the current :meth:`run` call."""
 
-    async def run(self) -> Trajectory:
+    @property
+    def paused(self) -> bool:
+        """Whether the last :meth:`run` stopped at its token budget (the session is open)."""
+        return self._paused
+
+    @property
+    def oldest_version(self) -> int | None:
+        """The smallest weights version among the tokens sampled so far (``None``: none
+        sampled yet, or the policy does not report versions)."""
+        known = [v for v in self.tokens.versions if v >= 0] if self.tokens is not None else []
+        return min(known, default=None)
+
+    async def run(self, token_budget: int | None = None) -> Trajectory | None:
+        """Play until the episode ends and return its trajectory (the env session is
+        deleted). With ``token_budget``: once the tokens generated during this call reach
+        it, stop after that whole turn, keep the session and return ``None``; the next call
+        resumes. The budget is checked between turns only; a policy that returns no token
+        ids never pauses."""
+        if self.end_reason is not None:
+            raise RuntimeError(f"episode {self.spec.task_id}#{self.spec.sample} already ended")
+        if token_budget is not None and token_budget < 1:
+            raise ValueError("token_budget must be at least 1")
         start = time.perf_counter()
+        self._paused, self._generated_now = False, 0
         try:
-            await self._start()
+            if self.session_id is None:
+                await self._start()
             while self.end_reason is None:
+                if token_budget is not None and self._generated_now >= token_budget:
+                    self._paused = True
+                    break
                 await self._turn()
         except EpisodeError as exc:
             self.end_reason, self.error = f"error:{exc.kind}", str(exc) or type(exc).__name__
@@ -175,11 +213,19 @@ class Episode:
             log.exception("episode %s#%d failed", self.spec.task_id, self.spec.sample)
             self.end_reason, self.error = "error:internal", f"{type(exc).__name__}: {exc}"
         finally:
-            if self.barrier is not None:
-                await self.barrier.leave()
-            await self._close_session()
-        self.timings["total"] = time.perf_counter() - start
-        return self._trajectory()
+            self.timings["total"] += time.perf_counter() - start
+            if not self._paused:
+                if self.barrier is not None:
+                    await self.barrier.leave()
+                await self._close_session()
+        return None if self._paused else self._trajectory()
+
+    async def drop(self) -> None:
+        """End a paused episode without a trajectory: delete its env session."""
+        if not self._paused:
+            raise RuntimeError(f"episode {self.spec.task_id}#{self.spec.sample} is not paused")
+        self._paused, self.end_reason = False, "dropped"
+        await self._close_session()
 
     # ----- the loop ----------------------------------------------------------------------
 
@@ -252,6 +298,7 @@ class Episode:
             raise EpisodeError("generation", f"{type(exc).__name__}: {exc}") from exc
         finally:
             self.timings["generation"] += time.perf_counter() - start
+        self._generated_now += len(generation.token_ids or ())
         return self._reply_text(generation)
 
     def _sampling(self) -> SamplingParams:
@@ -285,7 +332,7 @@ class Episode:
             return generation.text
         if generation.token_ids is None or generation.logprobs is None:
             raise EpisodeError("generation", "a token-level policy returned no token ids or log-probs")
-        self.tokens.add_generation(generation.token_ids, generation.logprobs)
+        self.tokens.add_generation(generation.token_ids, generation.logprobs, generation.versions)
         # What the model wrote is what its tokens say, never a re-tokenized string.
         return self.tokens.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
 
@@ -324,6 +371,7 @@ class Episode:
             token_ids=tokens.ids if tokens else None,
             loss_mask=tokens.loss_mask if tokens else None,
             logprobs=tokens.logprobs if tokens else None,
+            versions=tokens.versions if tokens else None,
             rewards=self.rewards,
             actions=self.actions,
             score=float(self.info.get("score", 0.0)),
@@ -335,6 +383,135 @@ class Episode:
             generated_tokens=tokens.generated_tokens if tokens else None,
             timings={key: round(value, 4) for key, value in self.timings.items()},
         )
+
+
+class Rollouts:
+    """Free-running episodes against the env server at ``url`` over one client, across
+    calls: :meth:`play` with a ``token_budget`` pauses episodes (sessions kept open) and
+    the next :meth:`play` resumes them, so a trainer can update the policy's weights in
+    between (partial rollouts)::
+
+        async with Rollouts(url, policy, config) as rollouts:
+            batch = await rollouts.play(specs, token_budget=256)  # the episodes that ended
+            policy.update_weights(new_weights)
+            batch = await rollouts.play(more_specs, token_budget=256)  # resumes the paused first
+
+    The client's timeout and retries come from the constructor's ``config``. Leaving the
+    ``async with`` deletes the sessions of the episodes still paused. A paused session
+    lives on the server's idle TTL: an episode resumed after it expired ends with
+    ``error:env_session_not_found``.
+    """
+
+    def __init__(
+        self, url: str, policy: Policy, config: RolloutConfig | None = None, *, token: str | None = None
+    ) -> None:
+        self.url = url
+        self.policy = policy
+        self.config = config or RolloutConfig()
+        _check(self.config)
+        self._token = token
+        self._client: AsyncEnvClient | None = None
+        self._metadata: Metadata | None = None
+        self._paused: list[Episode] = []
+
+    async def __aenter__(self) -> Rollouts:
+        """Open the client and read ``/metadata``; raises when that fails (nothing can be
+        played)."""
+        client = AsyncEnvClient(
+            self.url, token=self._token, timeout=self.config.env_timeout, retry=self.config.env_retry
+        )
+        try:
+            self._metadata = await client.metadata()
+        except BaseException:
+            await client.close()
+            raise
+        self._client = client
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            await self.drop(list(self._paused))
+        finally:
+            if self._client is not None:
+                await self._client.close()
+                self._client = None
+
+    @property
+    def paused(self) -> list[Episode]:
+        """The paused episodes, in the order they paused."""
+        return list(self._paused)
+
+    def context(self, config: RolloutConfig) -> RunContext:
+        """What the episodes started with ``config`` share."""
+        if self._client is None or self._metadata is None:
+            raise RuntimeError("Rollouts is not open: use `async with Rollouts(...) as rollouts`")
+        return _run_context(self._client, self.policy, config, self._metadata)
+
+    async def play(
+        self,
+        specs: Iterable[EpisodeSpec],
+        *,
+        config: RolloutConfig | None = None,
+        token_budget: int | None = None,
+        on_episode: Callable[[Trajectory], None] | None = None,
+    ) -> list[Trajectory]:
+        """Resume every paused episode (each keeps the config and ``max_turns`` it started
+        with), then start ``specs`` with ``config`` (default: the constructor's), all under
+        the cap ``config.concurrency``. Returns the trajectories of the episodes that ended
+        during this call, in completion order, calling ``on_episode`` as each ends; the
+        episodes that reached ``token_budget`` (tokens generated in this call) stay in
+        :attr:`paused`."""
+        config = config or self.config
+        _check(config)
+        if config.barrier:
+            raise ValueError("Rollouts plays free-running episodes; lock-step runs go through run_episodes")
+        if token_budget is not None and token_budget < 1:
+            raise ValueError("token_budget must be at least 1")
+        ctx = self.context(config)
+        episodes, self._paused = self._paused, []
+        episodes += [Episode(ctx, spec) for spec in specs]
+        slots = asyncio.Semaphore(config.concurrency)
+        done: list[Trajectory] = []
+
+        async def play(episode: Episode) -> None:
+            async with slots:
+                trajectory = await episode.run(token_budget)
+            if trajectory is None:
+                self._paused.append(episode)
+                return
+            done.append(trajectory)
+            if on_episode is not None:
+                on_episode(trajectory)
+
+        await asyncio.gather(*(play(episode) for episode in episodes))
+        return done
+
+    async def drop(self, episodes: Iterable[Episode]) -> None:
+        """End these paused episodes without a trajectory: delete their env sessions (best
+        effort) and forget them."""
+        episodes = list(episodes)
+        unknown = [e for e in episodes if not any(e is p for p in self._paused)]
+        if unknown:
+            raise ValueError(
+                f"not paused here: {', '.join(f'{e.spec.task_id}#{e.spec.sample}' for e in unknown)}"
+            )
+        self._paused = [p for p in self._paused if not any(p is e for e in episodes)]
+        await asyncio.gather(*(episode.drop() for episode in episodes))
+
+
+def _check(config: RolloutConfig) -> None:
+    if config.concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
+
+
+def _run_context(
+    client: AsyncEnvClient, policy: Policy, config: RolloutConfig, metadata: Metadata
+) -> RunContext:
+    agent = get_format(config.format)
+    max_turns = config.max_turns or metadata.max_turns
+    return RunContext(
+        client, policy, agent, config, metadata, max_turns, agent.system_prompt(metadata.instruction)
+    )
 
 
 async def run_episodes(
@@ -353,35 +530,11 @@ async def run_episodes(
     config is invalid; everything that goes wrong inside an episode ends that episode.
     """
     config = config or RolloutConfig()
-    if config.concurrency < 1:
-        raise ValueError("concurrency must be at least 1")
-    agent = get_format(config.format)
-    async with AsyncEnvClient(url, token=token, timeout=config.env_timeout, retry=config.env_retry) as client:
-        metadata = await client.metadata()
-        max_turns = config.max_turns or metadata.max_turns
-        ctx = RunContext(
-            client, policy, agent, config, metadata, max_turns, agent.system_prompt(metadata.instruction)
-        )
+    get_format(config.format)  # an unknown format fails before connecting
+    async with Rollouts(url, policy, config, token=token) as rollouts:
         if config.barrier:
-            return await _run_in_lockstep(ctx, list(specs), on_episode)
-        return await _run_free(ctx, list(specs), on_episode)
-
-
-async def _run_free(
-    ctx: RunContext, specs: list[EpisodeSpec], on_episode: Callable[[Trajectory], None] | None
-) -> list[Trajectory]:
-    slots = asyncio.Semaphore(ctx.config.concurrency)
-    done: list[Trajectory] = []
-
-    async def play(spec: EpisodeSpec) -> None:
-        async with slots:
-            trajectory = await Episode(ctx, spec).run()
-        done.append(trajectory)
-        if on_episode is not None:
-            on_episode(trajectory)
-
-    await asyncio.gather(*(play(spec) for spec in specs))
-    return done
+            return await _run_in_lockstep(rollouts.context(config), list(specs), on_episode)
+        return await rollouts.play(specs, on_episode=on_episode)
 
 
 async def _run_in_lockstep(
@@ -393,6 +546,7 @@ async def _run_in_lockstep(
         group = specs[start : start + size]
         barrier = TurnBarrier(len(group))
         for trajectory in await asyncio.gather(*(Episode(ctx, spec, barrier).run() for spec in group)):
+            assert trajectory is not None  # no token budget: every episode ends
             done.append(trajectory)
             if on_episode is not None:
                 on_episode(trajectory)

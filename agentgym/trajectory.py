@@ -2,9 +2,10 @@
 import/export of AgentGym's conversation format.
 
 One :class:`Trajectory` per episode. Token fields are set for token-level policies only
-(``None`` for text backends); ``token_ids``, ``loss_mask`` and ``logprobs`` always have
-equal length, ``loss_mask`` is 1 exactly on sampled tokens and ``logprobs`` holds their
-behaviour log-probs (0.0 on other positions). Episodes that ended in an error are kept,
+(``None`` for text backends); ``token_ids``, ``loss_mask``, ``logprobs`` and ``versions``
+always have equal length, ``loss_mask`` is 1 exactly on sampled tokens, ``logprobs`` holds
+their behaviour log-probs (0.0 on other positions) and ``versions`` the policy weights
+version that sampled each of them (-1 on other positions). Episodes that ended in an error are kept,
 marked by ``end_reason = "error:<kind>"``; readers that train must skip them
 (:attr:`Trajectory.errored`).
 """
@@ -48,6 +49,10 @@ class Trajectory:
     token_ids: list[int] | None = None
     loss_mask: list[int] | None = None
     logprobs: list[float] | None = None
+    versions: list[int] | None = None
+    """The policy version that sampled each token (-1 on tokens not sampled, and on sampled
+    tokens when the backend does not know); same length as ``token_ids``. Records written
+    before this field existed read as ``None``."""
     rewards: list[float] = field(default_factory=list)
     """One per turn; 0.0 for a turn whose reply did not parse (the env was not stepped)."""
     actions: list[str | None] = field(default_factory=list)

@@ -2,10 +2,15 @@
 generation / env / update, and peak memory, from a short real training run.
 
     python bench/train.py [--env textworld] [--algo bapo] [--set KEY=VALUE ...]
+    python bench/train.py --modes sync,async [--set KEY=VALUE ...]
 
 Runs `agentgym train` in-process with the given overrides (default: the embedded default
 run), then reads the run's metrics.jsonl. The rollout's wall time is split between
 generation and env in proportion to the episodes' summed waits on each.
+
+``--modes`` trains the same config once per mode (``mode=sync``, ``mode=async``) and
+compares their RL steps: wall time per step, how busy the generator (a collection in
+flight) and the trainer (an update running) kept, and the machine's CPU idle share.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ def main() -> None:
     parser.add_argument("--algo", default="bapo")
     parser.add_argument("--set", dest="settings", action="append", default=[], help="TrainConfig KEY=VALUE")
     parser.add_argument("--from-run", type=Path, help="report an existing run folder instead of training")
+    parser.add_argument(
+        "--modes", help="comma-separated modes to compare on the same config, e.g. sync,async"
+    )
     args = parser.parse_args()
     if args.from_run:
         records = MetricsLog(args.from_run / "metrics.jsonl").read()
@@ -36,12 +44,53 @@ def main() -> None:
         return
     overrides = {k: yaml.safe_load(v) for k, _, v in (s.partition("=") for s in args.settings)}
     config = TrainConfig(algo=args.algo, env=args.env).with_overrides(overrides)
+    if args.modes:
+        compare_modes(config, args.modes.split(","))
+        return
+    records, wall = train(config)
+    report(records, wall)
+
+
+def train(config: TrainConfig) -> tuple[list[dict], float]:
     run_dir = Path(tempfile.mkdtemp(prefix="agentgym-bench-train-"))
     started = time.perf_counter()
     Trainer(config, run_dir).run()
     wall = time.perf_counter() - started
-    report(MetricsLog(run_dir / "metrics.jsonl").read(), wall)
     print(f"run folder: {run_dir}")
+    return MetricsLog(run_dir / "metrics.jsonl").read(), wall
+
+
+def compare_modes(config: TrainConfig, modes: list[str]) -> None:
+    """One run per mode on ``config``; a table of their RL steps."""
+    rows = []
+    for mode in modes:
+        records, _ = train(config.with_overrides({"mode": mode}))
+        rl = [r for r in records if r["phase"] == "rl"]
+        wall = sum(r["step_s"] for r in rl)
+        updates = [u for r in rl for u in r.get("updates", [])]
+        rows.append(
+            (
+                mode,
+                wall / len(rl),
+                sum(r["rollout_s"] for r in rl) / wall,
+                sum(r["update_s"] for r in rl) / wall,
+                sum(r["cpu_idle_share"] * r["step_s"] for r in rl) / wall,
+                _mean(r["staleness_mean"] for r in rl),
+                _mean(u["clip_low"] for u in updates),
+                _mean(u["clip_high"] for u in updates),
+                _mean(u["ratio_p95"] - u["ratio_p05"] for u in updates),
+            )
+        )
+    print("mode   s/step  generator busy  trainer busy  CPU idle  staleness  c_low  c_high  ratio p95-p05")
+    for row in rows:
+        print("{:<6} {:6.1f}  {:14.0%}  {:12.0%}  {:8.0%}  {:9.2f}  {:5.2f}  {:6.2f}  {:13.4f}".format(*row))
+    if len(rows) > 1:
+        print(f"speed-up per step of {rows[1][0]} over {rows[0][0]}: {rows[0][1] / rows[1][1]:.2f}x")
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0
 
 
 def report(records: list[dict], wall: float, peak_known: bool = True) -> None:

@@ -60,9 +60,15 @@ class RunDir:
         return folder if folder.is_dir() else None
 
     def save_checkpoint(
-        self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        state: dict[str, Any],
+        files: dict[str, str] | None = None,
     ) -> Path:
-        """Save trainable weights, optimizer, RNG and ``state`` (JSON-able) for ``step``."""
+        """Save trainable weights, optimizer, RNG, ``state`` (JSON-able) and ``files``
+        (name: text, e.g. the replay buffer) for ``step``."""
         name = f"step-{step:06d}"
         final = self.path / CHECKPOINTS / name
         staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=self.path / CHECKPOINTS))
@@ -70,6 +76,8 @@ class RunDir:
         torch.save(trainable, staging / "trainable.pt")
         torch.save({"optimizer": optimizer.state_dict(), "rng": rng_state()}, staging / "optimizer.pt")
         (staging / "state.json").write_text(json.dumps({"step": step, **state}, indent=2))
+        for name, text in (files or {}).items():
+            (staging / name).write_text(text)
         if final.exists():
             shutil.rmtree(final)
         os.replace(staging, final)

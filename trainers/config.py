@@ -114,6 +114,24 @@ class TrainConfig:
     agent_format: str = "react"
     """How the agent writes actions: react | json."""
 
+    # ----- off-policy and asynchronous training ------------------------------------------
+    mode: str = "sync"
+    """``sync``: collect step t's rollouts, then update on them (on-policy). ``async``: step
+    t+1's rollouts are generated while step t updates (one-step-off: the data is one policy
+    version stale, the generator never idles during updates)."""
+    max_staleness: int = 1
+    """Policy versions a sampled token may lag the policy it trains (a version per training
+    step). Replayed samples and paused episodes older than this are dropped; async needs ≥ 1."""
+    replay_ratio: float = 0.0
+    """Share of each update's episodes replayed from past steps (0: none, on-policy)."""
+    replay_capacity: int = 256
+    """Trained episodes the replay buffer keeps at most (the oldest go first)."""
+    partial_rollout_tokens: int | None = None
+    """Partial rollouts: tokens an episode may generate per step; past it the episode pauses
+    after its current turn, keeps its env session and resumes in the next step under the
+    newer policy (its earlier tokens keep their log-probs). Its group trains once all its
+    episodes ended. None: every episode ends within its step."""
+
     # ----- horizon schedule ----------------------------------------------------------
     schedule: str = "scaling-inter"
     """fixed | scaling-inter (ScalingInter-RL)."""
@@ -231,10 +249,37 @@ class TrainConfig:
                 problems.append(f"{name} must be at least 1")
         if self.algo == "critique-rl":
             problems += self._critique_rl_problems()
+        problems += self._off_policy_problems()
         if self.minibatch_size % self.micro_batch_size:
             problems.append("minibatch_size must be a multiple of micro_batch_size")
         if problems:
             raise ValueError("; ".join(problems))
+
+    def _off_policy_problems(self) -> list[str]:
+        problems = []
+        if self.mode not in ("sync", "async"):
+            problems.append("mode must be 'sync' or 'async'")
+        if self.max_staleness < 0:
+            problems.append("max_staleness must be at least 0")
+        if self.mode == "async" and self.max_staleness < 1:
+            problems.append("mode: async trains on one-step-old data; max_staleness must be at least 1")
+        if not 0 <= self.replay_ratio < 1:
+            problems.append("replay_ratio must be in [0, 1)")
+        if self.replay_capacity < 1:
+            problems.append("replay_capacity must be at least 1")
+        if self.partial_rollout_tokens is not None and self.partial_rollout_tokens < 1:
+            problems.append("partial_rollout_tokens must be at least 1 (or null: off)")
+        if self.partial_rollout_tokens is not None and self.generator == "ray":
+            problems.append(
+                "partial_rollout_tokens needs generator hf or vllm (Ray workers do not pause episodes)"
+            )
+        off_policy = self.mode == "async" or self.replay_ratio > 0 or self.partial_rollout_tokens is not None
+        if off_policy and self.algo in ("agentevol", "critique-rl"):
+            problems.append(
+                f"{self.algo} trains in mode: sync without replay or partial rollouts "
+                "(async, replay_ratio and partial_rollout_tokens are for the clipped-ratio algorithms)"
+            )
+        return problems
 
     def _critique_rl_problems(self) -> list[str]:
         problems = []

@@ -19,6 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -28,7 +29,7 @@ from agentgym.critique import critique_metrics, critique_round
 from agentgym.policies.base import Generation, GenerationRequest, SamplingParams
 from agentgym.policies.chat import END_OF_TURN_TOKENS
 from agentgym.policies.hf import HFPolicy
-from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
+from agentgym.rollout import EpisodeSpec, RolloutConfig, Rollouts, run_episodes
 from agentgym.trainers.algorithms import (
     LossStats,
     agentevol_weights,
@@ -51,10 +52,20 @@ from agentgym.trainers.critique_rl import (
     swapped_weights,
 )
 from agentgym.trainers.distributed import DataParallel, sharded_index
+from agentgym.trainers.offpolicy import (
+    PendingGroups,
+    ReplayBuffer,
+    Sample,
+    staleness,
+    token_staleness,
+)
 from agentgym.trainers.schedules import FixedHorizon, ScalingInterHorizon
 from agentgym.trajectory import Trajectory, TrajectoryWriter, read_trajectories
 
 log = logging.getLogger(__name__)
+
+REPLAY_FILE = "replay.jsonl"
+"""The replay buffer's samples, saved inside each checkpoint folder."""
 
 
 class TokenizedExpert:
@@ -111,8 +122,11 @@ class Trainer:
             with self._env_server() as url, asyncio.Runner() as self._loop:
                 self.url = url
                 self._load_model()
-                self._train_from(self._restore())
-                self._run(self.generator.close())
+                self._cleanup = contextlib.AsyncExitStack()
+                try:
+                    self._train_from(self._restore())
+                finally:
+                    self._run(self._cleanup.aclose())
         finally:
             self.dp.close()
         return self.run_dir.path
@@ -124,17 +138,27 @@ class Trainer:
                 resume_step=start - 1 if self.resume else None,
                 tensorboard_dir=self.run_dir.path / "tensorboard",
             )
+        self._set_version(start - 1)
         self.generator = self._start_generator()
         with _progress(visible=self.dp.main) as progress:
             bar = progress.add_task("training", total=self.total_steps, completed=start - 1)
             for step in range(start, self.total_steps + 1):
+                started, cpu = time.perf_counter(), psutil.cpu_times()
                 if step <= self.config.bc_steps:
                     record = self._bc_step(step)
                 else:
                     record = self._critique_step(step) if self.critique else self._rl_step(step)
+                self._set_version(step)
+                record.update(step_s=round(time.perf_counter() - started, 2), cpu_idle_share=_idle_share(cpu))
                 if self.dp.main:  # the other ranks go on to the next step and wait for rank 0 there
                     self._finish_step(step, record)
                 progress.update(bar, advance=1, description=_describe(record))
+
+    def _set_version(self, version: int) -> None:
+        """The policy version is the number of training steps done: tokens sampled from here
+        on record it (the in-process policy; a separate generator gets it when published)."""
+        self.version = version
+        self.policy.weights_version = version
 
     def _finish_step(self, step: int, record: dict[str, Any]) -> None:
         """Rank 0: evaluate when due, log the step, checkpoint when due."""
@@ -144,7 +168,8 @@ class Trainer:
             )
         self.metrics.log(record)
         if step % self.config.checkpoint_every == 0 or step == self.total_steps:
-            self.run_dir.save_checkpoint(step, self.model, self.optimizer, {"phase": record["phase"]})
+            files = {REPLAY_FILE: self.replay.dumps()} if self.config.replay_ratio > 0 else {}
+            self.run_dir.save_checkpoint(step, self.model, self.optimizer, {"phase": record["phase"]}, files)
 
     def _bc_step(self, step: int) -> dict[str, Any]:
         """One optimizer step of behaviour cloning on a minibatch of expert episodes (for
@@ -163,39 +188,81 @@ class Trainer:
         }
 
     def _rl_step(self, step: int) -> dict[str, Any]:
-        t = step - self.config.bc_steps
-        horizon = self.schedule.horizon_at(t) if self.config.algo != "agentevol" else self.config.max_turns
+        """Take this step's episodes (sync: collect them now; async: those generated during
+        the last update), start generating the next step's (async), then update on the
+        groups that completed, fresh and replayed, within the staleness bound."""
         start = time.perf_counter()
-        trajectories = self._collect(step, horizon)
-        rollout_s = time.perf_counter() - start
-        usable = [traj for traj in trajectories if not traj.errored and traj.token_ids]
+        trajectories, rollout_s = self._rollouts_for(step)
         record = {
             "step": step,
             "phase": "rl",
-            "max_turns": horizon,
+            "mode": self.config.mode,
+            "max_turns": self._horizon(step),
             **_rollout_stats(trajectories),
             "rollout_s": round(rollout_s, 2),
+            "wait_s": round(time.perf_counter() - start, 2),
         }
+        if self.config.mode == "async" and step < self.total_steps:
+            self._launch_collection(step + 1)
         start = time.perf_counter()
         if self.config.algo == "agentevol":
+            usable = [traj for traj in trajectories if not traj.errored and traj.token_ids]
             record.update(self._agentevol_learn(usable))
-        elif usable:
-            record.update(self._policy_update(usable))
+        else:
+            self._groups.add(trajectories)
+            batch, off_policy = self._off_policy_batch(step)
+            record.update(off_policy)
+            if batch is not None:
+                # Async: the update runs in a thread while the event loop keeps playing the next step's episodes.
+                record.update(self._in_background(self._update_on, batch))
         record["update_s"] = round(time.perf_counter() - start, 2)
         return record
 
-    def _policy_update(self, trajectories: list[Trajectory]) -> dict[str, Any]:
-        rewards = torch.tensor([traj.score for traj in trajectories])
-        group_of = {task: i for i, task in enumerate(dict.fromkeys(traj.task_id for traj in trajectories))}
-        groups = torch.tensor([group_of[traj.task_id] for traj in trajectories])
-        advantages = ALGORITHMS[self.config.algo].advantages(rewards, groups)
-        if self.config.dynamic_sampling:
-            keep = dynamic_sampling_keep(rewards, groups)
-            trajectories = [traj for traj, kept in zip(trajectories, keep.tolist(), strict=True) if kept]
-            advantages = advantages[keep]
-            if not trajectories:
-                return {"updates": [], "skipped": "every group had equal rewards"}
-        return self._update_on(self._batch(trajectories, advantages.tolist()))
+    def _off_policy_batch(self, step: int) -> tuple[TokenBatch | None, dict[str, Any]]:
+        """The update's batch: the groups that completed (advantages within each group),
+        less episodes beyond ``max_staleness``, plus replayed samples; and its figures."""
+        fresh = self._group_samples(self._groups.take_complete())
+        current = [s for s in fresh if staleness(s.trajectory, self.version) <= self.config.max_staleness]
+        rng = random.Random(self.config.seed * 7_368_787 + step)
+        replayed = self.replay.draw(len(current), self.config.replay_ratio, self.version, rng)
+        samples = current + replayed
+        tokens_lag = token_staleness((s.trajectory for s in samples), self.version)
+        if tokens_lag and max(tokens_lag) > self.config.max_staleness:  # an invariant, not a setting
+            raise RuntimeError(f"a batch holds tokens {max(tokens_lag)} versions stale")
+        if self.config.replay_ratio > 0:
+            self.replay.add(current)
+        figures = {
+            "policy_version": self.version,
+            "fresh_episodes": len(current),
+            "replayed_episodes": len(replayed),
+            "dropped_stale": len(fresh) - len(current),
+            "waiting_episodes": self._groups.waiting,
+            "paused_episodes": len(self.rollouts.paused) if self.rollouts else 0,
+            "dropped_paused": self._dropped_paused,
+            "staleness_mean": _mean(tokens_lag),
+            "staleness_max": max(tokens_lag, default=0),
+        }
+        if not samples:
+            return None, {**figures, "updates": [], "skipped": "no episode to train on this step"}
+        batch = self._batch([s.trajectory for s in samples], [s.advantage for s in samples])
+        return batch, figures
+
+    def _group_samples(self, groups: list[list[Trajectory]]) -> list[Sample]:
+        """Each complete group's usable episodes with their advantages (DAPO's dynamic
+        sampling drops the groups whose rewards are all equal)."""
+        groups = [[t for t in group if not t.errored and t.token_ids] for group in groups]
+        members = [(traj, g) for g, group in enumerate(groups) for traj in group]
+        if not members:
+            return []
+        rewards = torch.tensor([traj.score for traj, _ in members])
+        group_ids = torch.tensor([g for _, g in members])
+        advantages = ALGORITHMS[self.config.algo].advantages(rewards, group_ids)
+        keep = dynamic_sampling_keep(rewards, group_ids) if self.config.dynamic_sampling else None
+        return [
+            Sample(traj, float(advantage))
+            for i, ((traj, _), advantage) in enumerate(zip(members, advantages.tolist(), strict=True))
+            if keep is None or keep[i]
+        ]
 
     def _update_on(self, batch: TokenBatch) -> dict[str, Any]:
         """``ppo_epochs`` passes of clipped-surrogate updates over ``batch`` in minibatches."""
@@ -221,6 +288,7 @@ class Trainer:
             c_low, c_high = 1 - self.config.clip.eps_low, 1 + self.config.clip.eps_high
         stats: list[LossStats] = []
         entropies: list[float] = []
+        ratios: list[torch.Tensor] = []
         kl_coef = self.config.stage2_kl_coef if self._reference is not None else self.config.kl_coef
 
         def loss_fn(micro: TokenBatch) -> torch.Tensor:
@@ -237,6 +305,7 @@ class Trainer:
             mean_entropy = aggregate(entropy, micro.loss_mask, self.config.loss_aggregation)
             stats.append(micro_stats)
             entropies.append(mean_entropy.detach().item())
+            ratios.append(torch.exp(logp - micro.old_logp).detach()[micro.loss_mask.bool()].cpu())
             loss = loss - self.config.entropy_coef * mean_entropy
             if kl_coef:
                 loss = loss + kl_coef * aggregate(
@@ -245,9 +314,16 @@ class Trainer:
             return loss
 
         loss = self._optimizer_step(minibatch, loss_fn)
-        stats, entropies = self.dp.gather(stats), self.dp.gather(entropies)
+        stats, entropies, ratios = self.dp.gather(stats), self.dp.gather(entropies), self.dp.gather(ratios)
         merged = {key: _mean(getattr(s, key) for s in stats) for key in asdict(stats[0])}
-        return {**merged, "clip_low": c_low, "clip_high": c_high, "entropy": _mean(entropies), "loss": loss}
+        return {
+            **merged,
+            **_ratio_figures(ratios),
+            "clip_low": c_low,
+            "clip_high": c_high,
+            "entropy": _mean(entropies),
+            "loss": loss,
+        }
 
     def _agentevol_learn(self, explored: list[Trajectory]) -> dict[str, Any]:
         """Learn from the base model again, on expert ∪ explored, weighted by reward."""
@@ -344,7 +420,6 @@ class Trainer:
     def _optimizer_step(self, minibatch: TokenBatch, loss_fn: Any) -> float:
         """Accumulate gradients over micro-batches (each weighted by its share of episodes),
         clip, step. Returns the minibatch loss."""
-        self._generator_stale = self.config.generator != "hf"
         with self.policy.weights_lock:  # the policy's batcher never samples from half-updated weights
             return self._accumulate_and_step(minibatch, loss_fn)
 
@@ -396,33 +471,103 @@ class Trainer:
     def _batch(self, trajectories: list[Trajectory], weights: list[float]) -> TokenBatch:
         return collate([_tokens(t) for t in trajectories], weights, self.pad_id)
 
-    def _collect(self, step: int, horizon: int) -> list[Trajectory]:
+    # ----- rollouts: sync, one step ahead, paused and resumed -----------------------------
+
+    def _rollouts_for(self, step: int) -> tuple[list[Trajectory], float]:
+        """Step ``step``'s ended episodes (all ranks') and the collection's wall time."""
+        pending, self._pending = self._pending, None
+        if pending is None or pending[0] != step:
+            self._run(self._publish())
+            local, seconds = self._run(self._collect(step))
+        else:
+            local, seconds = self._run(_result_of(pending[1]))
+        trajectories = self.dp.gather(local)
+        if self.dp.main:
+            folder = self.run_dir.path / "rollouts"
+            folder.mkdir(exist_ok=True)
+            with TrajectoryWriter(folder / f"step-{step:06d}.jsonl", fsync=False) as writer:
+                for trajectory in trajectories:
+                    writer.write(trajectory)
+        return trajectories, seconds
+
+    def _launch_collection(self, step: int) -> None:
+        """Async mode: bring the generator to the current version, then let it play step
+        ``step``'s episodes on the event loop while this step updates."""
+        self._run(self._publish())
+        self._pending = (step, self._loop.get_loop().create_task(self._collect(step)))
+
+    async def _collect(self, step: int) -> tuple[list[Trajectory], float]:
+        """Play this rank's share of step ``step``'s new groups, resuming paused episodes
+        first (partial rollouts); returns the episodes that ended and the wall time."""
+        start = time.perf_counter()
         rng = random.Random(self.config.seed * 1_000_003 + step)  # same tasks after a resume
         tasks = rng.sample(self.train_tasks, min(self.config.tasks_per_step, len(self.train_tasks)))
+        size = self.config.group_size
         specs = [  # each rank plays whole groups: those of every world-th task
-            EpisodeSpec(task, sample=k, split="train")
+            # Samples are numbered through the run, so a group stays apart from the same task's later groups.
+            EpisodeSpec(task, sample=(step - 1) * size + k, split="train")
             for task in self.dp.shard(tasks)
-            for k in range(self.config.group_size)
+            for k in range(size)
         ]
         # No per-request seed: the samples of a group must differ (one shared seed makes them identical).
         sampling = SamplingParams(
             temperature=self.config.temperature, max_new_tokens=self.config.max_new_tokens
         )
         rollout = RolloutConfig(
-            max_turns=horizon,
+            max_turns=self._horizon(step),
             sampling=sampling,
             concurrency=self.config.concurrency,
             format=self.config.agent_format,
         )
-        trajectories = self.dp.gather(self._play(self.generator, specs, rollout))
-        if not self.dp.main:
-            return trajectories
-        folder = self.run_dir.path / "rollouts"
-        folder.mkdir(exist_ok=True)
-        with TrajectoryWriter(folder / f"step-{step:06d}.jsonl", fsync=False) as writer:
-            for trajectory in trajectories:
-                writer.write(trajectory)
-        return trajectories
+        if self.rollouts is None:  # a pool of remote rollout workers (RayRollouts)
+            ended = await self.generator.play(self.url, specs, rollout)
+        else:
+            await self._drop_stale_paused(train_version=step - 1)
+            ended = await self.rollouts.play(
+                specs, config=rollout, token_budget=self.config.partial_rollout_tokens
+            )
+        return ended, time.perf_counter() - start
+
+    async def _drop_stale_paused(self, train_version: int) -> None:
+        """Paused episodes whose first tokens would train more than ``max_staleness``
+        versions late end here; their groups complete without them."""
+        stale = [
+            episode
+            for episode in self.rollouts.paused
+            if episode.oldest_version is not None
+            and train_version - episode.oldest_version > self.config.max_staleness
+        ]
+        for episode in stale:
+            self._groups.abandon(episode.spec.task_id, episode.spec.sample)
+        self._dropped_paused += len(stale)
+        await self.rollouts.drop(stale)
+
+    async def _publish(self) -> None:
+        """Give a separate generator the trainer's current weights, tagged with their
+        version, before it samples again (the in-process policy samples them already)."""
+        if self.generator is self.policy or self._published == self.version:
+            return
+        if isinstance(self.generator, HFPolicy):  # async mode's in-process copy: the trainable tensors
+            state = {
+                name.removeprefix("base_model.model."): p.detach().clone()
+                for name, p in self._named_trainable()
+            }
+            self.generator.update_weights(state, strict=False, version=self.version)
+        else:
+            await self.generator.update_weights(_merged_weights(self.model), version=self.version)
+        self._published = self.version
+
+    def _in_background(self, work: Any, *args: Any) -> Any:
+        """Run ``work`` here in sync mode; in async mode in a worker thread, so the event
+        loop goes on playing the episodes of the next step meanwhile."""
+        if self._pending is None:
+            return work(*args)
+        return self._run(asyncio.to_thread(work, *args))
+
+    def _horizon(self, step: int) -> int:
+        if self.config.algo == "agentevol":
+            return self.config.max_turns
+        return self.schedule.horizon_at(step - self.config.bc_steps)
 
     def _evaluate(self) -> float:
         """Greedy success rate on the first ``eval_tasks`` test tasks at the final horizon."""
@@ -433,8 +578,9 @@ class Trainer:
             else self.config.max_turns
         )
         sampling = SamplingParams(temperature=0.0, max_new_tokens=self.config.max_new_tokens)
+        # Async: the generator is busy with the next step's episodes and one version behind.
         trajectories = self._play(
-            self.generator,
+            self.policy if self.config.mode == "async" else self.generator,
             [EpisodeSpec(t, split="test") for t in tasks],
             RolloutConfig(
                 max_turns=horizon,
@@ -472,9 +618,8 @@ class Trainer:
         return self._expert
 
     def _play(self, policy: Any, specs: list[EpisodeSpec], rollout: RolloutConfig) -> list[Trajectory]:
-        if policy is self.generator and self._generator_stale:
-            self._run(self.generator.update_weights(_merged_weights(self.model)))
-            self._generator_stale = False
+        if policy is self.generator:
+            self._run(self._publish())
         if hasattr(policy, "play"):  # a pool of remote rollout workers (RayRollouts)
             return self._run(policy.play(self.url, specs, rollout))
         return self._run(run_episodes(self.url, policy, specs, rollout))
@@ -483,15 +628,34 @@ class Trainer:
         return self._loop.run(coroutine)
 
     def _start_generator(self) -> Any:
-        """What samples rollouts: the trained model itself, or a separate generator (vLLM,
-        Ray workers) that is sent the current weights before it next samples."""
-        self._generator_stale = self.config.generator != "hf"
-        if self._generator_stale and self.dp.world > 1:
+        """What samples rollouts, and the state rollouts keep across steps: paused
+        episodes (partial rollouts), groups waiting for them, the replay buffer."""
+        generator = self._new_generator()
+        self._cleanup.push_async_callback(generator.close)
+        self._published = self.version if generator is self.policy else None
+        self._pending: tuple[int, asyncio.Task] | None = None
+        """Async mode: the step whose episodes are being played, and that collection."""
+        self._groups = PendingGroups(self.config.group_size)
+        self._dropped_paused = 0
+        """Paused episodes ended so far because they would train too stale."""
+        self.replay = ReplayBuffer(self.config.replay_capacity, self.config.max_staleness)
+        checkpoint = self.run_dir.latest_checkpoint() if self.resume else None
+        if checkpoint is not None and (checkpoint / REPLAY_FILE).exists():
+            self.replay.load(checkpoint / REPLAY_FILE)
+        self.rollouts = None if hasattr(generator, "play") else Rollouts(self.url, generator)
+        if self.rollouts is not None:
+            self._run(self._cleanup.enter_async_context(self.rollouts))
+        return generator
+
+    def _new_generator(self) -> Any:
+        """The trained model itself (sync, in-process), or a separate generator sent the
+        weights before it next samples: an in-process copy (async), vLLM or Ray workers."""
+        if self.config.generator != "hf" and self.dp.world > 1:
             raise ValueError(
                 f"generator: {self.config.generator} runs with one trainer process; use --nproc 1"
             )
         if self.config.generator == "hf":
-            return self.policy
+            return self.policy if self.config.mode == "sync" else self._policy_copy()
         if self.config.generator == "ray":
             from agentgym.trainers.ray_rollouts import RayRollouts
 
@@ -505,6 +669,13 @@ class Trainer:
             dtype="bfloat16" if self._dtype() == torch.bfloat16 else "auto",
             gpu_memory_utilization=self.config.vllm_gpu_memory_utilization,
         )
+
+    def _policy_copy(self) -> HFPolicy:
+        """A second in-process policy with the trainer's structure (adapters included), so
+        async rollouts sample from published weights while the trainer's change."""
+        copy = HFPolicy(self.config.model, dtype=self._dtype(), device=self.dp.device())
+        self._adapt(copy.model)
+        return copy
 
     def _eval_due(self, step: int) -> bool:
         every, t = self.config.eval_every, step - self.config.bc_steps
@@ -536,28 +707,12 @@ class Trainer:
         self.tokenizer = self.policy.tokenizer
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.device = self.policy.device
-        model = self.policy.model
-        if self.config.lora:
-            from peft import LoraConfig, get_peft_model
-
-            # Adapters are injected into the policy's own modules, so generation samples
-            # from the weights being trained: no copy, no transfer on one device.
-            model = get_peft_model(
-                model,
-                LoraConfig(
-                    r=self.config.lora_rank,
-                    lora_alpha=self.config.lora_alpha,
-                    lora_dropout=0.0,
-                    target_modules=self.config.lora_targets,
-                    layers_to_transform=self._top_layers(model),
-                    task_type="CAUSAL_LM",
-                ),
-            )
-        else:
-            model.requires_grad_(True)
+        # Adapters are injected into the policy's own modules, so generation samples from
+        # the weights being trained: no copy, no transfer on one device.
+        model = self._adapt(self.policy.model)
         self.model = model
         self._trainable = [p for p in model.parameters() if p.requires_grad]
-        self._initial = {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
+        self._initial = {k: v.detach().clone() for k, v in self._named_trainable()}
         self.optimizer = torch.optim.AdamW(
             self._trainable, lr=self.config.learning_rate, weight_decay=self.config.weight_decay
         )
@@ -570,6 +725,27 @@ class Trainer:
             self.train_problems = [catalog.problem(t) for t in self.train_tasks]
             self.test_problems = [catalog.problem(t) for t in self.test_tasks]
             self.actor = BaseModelActor(self.policy, self.model)
+
+    def _adapt(self, model: torch.nn.Module) -> torch.nn.Module:
+        """``model`` with its trainable parameters: LoRA adapters injected (in place), or all."""
+        if not self.config.lora:
+            return model.requires_grad_(True)
+        from peft import LoraConfig, get_peft_model
+
+        return get_peft_model(
+            model,
+            LoraConfig(
+                r=self.config.lora_rank,
+                lora_alpha=self.config.lora_alpha,
+                lora_dropout=0.0,
+                target_modules=self.config.lora_targets,
+                layers_to_transform=self._top_layers(model),
+                task_type="CAUSAL_LM",
+            ),
+        )
+
+    def _named_trainable(self) -> list[tuple[str, torch.Tensor]]:
+        return [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
 
     def _top_layers(self, model: torch.nn.Module) -> list[int] | None:
         if self.config.lora_layers is None:
@@ -622,6 +798,31 @@ def _tokens(trajectory: Trajectory) -> dict[str, Any]:
         "token_ids": trajectory.token_ids,
         "loss_mask": trajectory.loss_mask,
         "logprobs": trajectory.logprobs,
+    }
+
+
+async def _result_of(task: asyncio.Task) -> Any:
+    return await task
+
+
+def _idle_share(since: Any) -> float:
+    """Share of the machine's CPU time idle since the ``psutil.cpu_times()`` ``since``."""
+    now = psutil.cpu_times()
+    spent = {field: getattr(now, field) - getattr(since, field) for field in now._fields}
+    total = sum(spent.values())
+    idle = spent["idle"] + spent.get("iowait", 0.0)
+    return round(idle / total, 3) if total > 0 else 0.0
+
+
+def _ratio_figures(ratios: list[torch.Tensor]) -> dict[str, float]:
+    """The importance ratio π_θ/π_behaviour over the update's agent tokens: quantiles and max."""
+    values = torch.cat(ratios).float() if ratios else torch.ones(1)
+    quantiles = torch.quantile(values, torch.tensor([0.05, 0.5, 0.95]))
+    return {
+        "ratio_p05": round(float(quantiles[0]), 4),
+        "ratio_p50": round(float(quantiles[1]), 4),
+        "ratio_p95": round(float(quantiles[2]), 4),
+        "ratio_max": round(float(values.max()), 4),
     }
 
 

@@ -35,8 +35,8 @@ class RolloutWorker:
         self.url = url
         self.loop = asyncio.new_event_loop()
 
-    def update_weights(self, weights: dict[str, Any]) -> int:
-        self.policy.update_weights(weights)
+    def update_weights(self, weights: dict[str, Any], version: int | None = None) -> int:
+        self.policy.update_weights(weights, version=version)
         return self.policy.weights_version
 
     def play(self, specs: list[EpisodeSpec], rollout: RolloutConfig) -> list[Trajectory]:
@@ -85,11 +85,11 @@ class RayRollouts:
         ]
         return [t for part in await asyncio.gather(*calls) for t in part]
 
-    async def update_weights(self, weights: list[tuple[str, Any]]) -> list[int]:
-        """Send ``(name, tensor)`` weights to every worker (one copy in the object store);
-        returns each worker's weights version."""
+    async def update_weights(self, weights: list[tuple[str, Any]], version: int | None = None) -> list[int]:
+        """Send ``(name, tensor)`` weights to every worker (one copy in the object store),
+        tagged ``version`` (default: each worker's next); returns each worker's version."""
         shared = self._ray.put(dict(weights))
-        return list(await asyncio.gather(*(w.update_weights.remote(shared) for w in self.workers)))
+        return list(await asyncio.gather(*(w.update_weights.remote(shared, version) for w in self.workers)))
 
     async def close(self) -> None:
         for worker in self.workers:

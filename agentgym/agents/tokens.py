@@ -67,9 +67,11 @@ def observation_delta(tokenizer: Any, observation: str, last_generated: int | No
 
 
 class TokenContext:
-    """The token sequence of one episode: ``ids``, ``loss_mask`` (1 on generated tokens)
-    and ``logprobs`` (the behaviour log-prob on generated tokens, 0.0 elsewhere), always of
-    equal length. ``ids`` is exactly the context of the next generation."""
+    """The token sequence of one episode: ``ids``, ``loss_mask`` (1 on generated tokens),
+    ``logprobs`` (the behaviour log-prob on generated tokens, 0.0 elsewhere) and
+    ``versions`` (the policy weights version that sampled each generated token, -1
+    elsewhere and where the backend does not know), always of equal length. ``ids`` is
+    exactly the context of the next generation."""
 
     def __init__(self, tokenizer: Any, system: str, first_observation: str) -> None:
         self.tokenizer = tokenizer
@@ -77,17 +79,25 @@ class TokenContext:
         self.ids: list[int] = encode(tokenizer, render(tokenizer, messages))
         self.loss_mask: list[int] = [0] * len(self.ids)
         self.logprobs: list[float] = [0.0] * len(self.ids)
+        self.versions: list[int] = [-1] * len(self.ids)
         self.generated_tokens = 0
         self._last_generated: int | None = None
         self._checkpoint = (2, len(self.ids))
         """(messages, ids) at the last point where ids == a render ending in a generation prompt."""
 
-    def add_generation(self, token_ids: list[int], logprobs: list[float]) -> None:
+    def add_generation(
+        self, token_ids: list[int], logprobs: list[float], versions: list[int] | None = None
+    ) -> None:
+        """Append sampled tokens with their behaviour log-probs and weights versions
+        (``None``: unknown, recorded as -1)."""
         if len(token_ids) != len(logprobs):
             raise ValueError(f"{len(token_ids)} generated tokens but {len(logprobs)} log-probs")
+        if versions is not None and len(versions) != len(token_ids):
+            raise ValueError(f"{len(token_ids)} generated tokens but {len(versions)} versions")
         self.ids += token_ids
         self.loss_mask += [1] * len(token_ids)
         self.logprobs += [float(lp) for lp in logprobs]
+        self.versions += [int(v) for v in versions] if versions is not None else [-1] * len(token_ids)
         self.generated_tokens += len(token_ids)
         self._last_generated = token_ids[-1] if token_ids else None
 
@@ -98,6 +108,7 @@ class TokenContext:
         self.ids += delta
         self.loss_mask += [0] * len(delta)
         self.logprobs += [0.0] * len(delta)
+        self.versions += [-1] * len(delta)
         self._last_generated = None
         self._checkpoint = (n_messages, len(self.ids))
 

@@ -52,6 +52,8 @@ class Generation:
     """One behaviour log-prob per sampled token."""
     finish_reason: str = "stop"
     """``stop`` (end-of-turn or a stop string) or ``length`` (hit ``max_new_tokens``)."""
+    versions: list[int] | None = None
+    """One policy weights version per sampled token (``None``: the backend does not know)."""
 
 
 @runtime_checkable

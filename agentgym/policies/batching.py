@@ -11,6 +11,10 @@ Rows are left-padded: every row's cache has the same length, real positions are 
 explicitly (``position_ids``) and padding is masked, so a row's tokens do not depend on
 what else shares its batch (up to float rounding).
 
+Every sampled token records the weights version (:attr:`ContinuousBatcher.version`) of
+the forward that computed its logits, so a trainer that updates the weights between two
+steps knows exactly which weights sampled each token (``Generation.versions``).
+
 Caches that are not plain full-attention ``DynamicCache`` layers (sliding windows,
 recurrent state) cannot be merged; then newcomers wait until the live batch drains.
 """
@@ -59,6 +63,10 @@ class _Row:
     generator: torch.Generator | None
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    """Per sampled token: the weights version of the forward that gave its logits."""
+    logits_version: int = 0
+    """The weights version of the forward that computed this row's current logits."""
     text: str | None = None
     """Set when a stop string cut the reply: the text before it."""
 
@@ -112,8 +120,13 @@ class ContinuousBatcher:
         self.max_positions = max_positions
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop_ids)
         self.stats = BatcherStats()
-        self.lock = threading.Lock()
-        """Held around every forward pass; hold it to change the weights between steps."""
+        self.lock = threading.RLock()
+        """Held around every forward pass; hold it to change the weights between steps (and
+        set :attr:`version` before letting go; reentrant, so a holder may call code that
+        takes it again)."""
+        self.version = 0
+        """Weights version recorded on every sampled token; whoever changes the weights sets
+        it while holding :attr:`lock`, so a sampling step never sees a half-done update."""
         self._queue: queue.SimpleQueue[_Row | None] = queue.SimpleQueue()
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -228,6 +241,7 @@ class ContinuousBatcher:
             input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
         )
         self.stats.prefills += 1
+        _stamp(rows, self.version)
         return _LiveBatch(rows, out.past_key_values, mask, out.logits[:, -1, :])
 
     def _step(self, live: _LiveBatch) -> _LiveBatch | None:
@@ -241,6 +255,7 @@ class ContinuousBatcher:
         for i, (row, token, logprob) in enumerate(zip(rows, tokens.tolist(), logprobs.tolist(), strict=True)):
             row.token_ids.append(token)
             row.logprobs.append(logprob)
+            row.versions.append(row.logits_version)
             reason = self._finish_reason(row)
             if reason is None:
                 keep.append(i)
@@ -264,6 +279,7 @@ class ContinuousBatcher:
             use_cache=True,
         )
         self.stats.decode_steps += 1
+        _stamp(live.rows, self.version)
         return _LiveBatch(live.rows, out.past_key_values, mask, out.logits[:, -1, :])
 
     def _finish_reason(self, row: _Row) -> str | None:
@@ -292,7 +308,7 @@ class ContinuousBatcher:
         if text is None:
             text = self.tokenizer.decode(row.token_ids, skip_special_tokens=True)
         self.stats.requests += 1
-        row.future.set_result(Generation(text, row.token_ids, row.logprobs, reason))
+        row.future.set_result(Generation(text, row.token_ids, row.logprobs, reason, versions=row.versions))
 
     def _fail_all(self, live: _LiveBatch | None) -> None:
         closed = RuntimeError("the policy was closed before this request was answered")
@@ -310,6 +326,14 @@ class ContinuousBatcher:
 def _started(rows: list[_Row]) -> list[_Row]:
     """Drop requests whose caller gave up (cancelled) before they started."""
     return [row for row in rows if row.future.set_running_or_notify_cancel()]
+
+
+def _stamp(rows: list[_Row], version: int) -> None:
+    """Record which weights computed the rows' next-token logits. Called right after a
+    forward, under :attr:`ContinuousBatcher.lock`, so ``version`` is exactly the weights
+    that forward used, even when an update lands before the token is sampled."""
+    for row in rows:
+        row.logits_version = version
 
 
 def _fail(row: _Row, exc: BaseException) -> None:

@@ -54,8 +54,6 @@ class HFPolicy:
             path, dtype=_dtype(dtype, self.device), device_map=str(self.device)
         ).eval()
         self.stop_ids = stop_token_ids(self.tokenizer, self.model.generation_config)
-        self.weights_version = 0
-        """Bumped by :meth:`update_weights`; trajectories can record which weights sampled them."""
         self._batcher = ContinuousBatcher(
             self.model,
             self.tokenizer,
@@ -71,10 +69,25 @@ class HFPolicy:
         return self._batcher.stats
 
     @property
-    def weights_lock(self) -> threading.Lock:
+    def weights_lock(self) -> threading.RLock:
         """Held around every forward pass; hold it while changing ``self.model`` in place
         (an optimizer step) so no decode step sees half-updated weights."""
         return self._batcher.lock
+
+    @property
+    def weights_version(self) -> int:
+        """The version of the current weights, recorded on every token sampled with them
+        (``Generation.versions``); :meth:`update_weights` bumps or sets it."""
+        return self._batcher.version
+
+    @weights_version.setter
+    def weights_version(self, version: int) -> None:
+        """The trainer sets it after changing the weights in place. The setter takes
+        :attr:`weights_lock` (reentrant): set it inside the same ``with
+        policy.weights_lock:`` block as the change, and no token sampled with the new
+        weights is recorded under the old version."""
+        with self.weights_lock:
+            self._batcher.version = version
 
     def prompt_ids(self, messages: list[Message]) -> list[int]:
         """The chat template applied to ``messages``, ending with the assistant's turn header."""
@@ -107,13 +120,16 @@ class HFPolicy:
             targets = torch.tensor(completion_ids, device=self.device)
             return token_logprobs(logits, targets, temperature).tolist()
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], strict: bool = True) -> None:
-        """Load new weights (e.g. from the trainer) between two decode steps. Rows already
-        generating continue under the new weights; their recorded log-probs stay exact
+    def update_weights(
+        self, state_dict: Mapping[str, torch.Tensor], strict: bool = True, version: int | None = None
+    ) -> None:
+        """Load new weights (e.g. from the trainer) between two decode steps and set
+        :attr:`weights_version` to ``version`` (default: one more). Rows already generating
+        continue under the new weights; their recorded log-probs and versions stay exact
         for the weights that sampled each token."""
         with self.weights_lock, torch.no_grad():
             self.model.load_state_dict(state_dict, strict=strict)
-            self.weights_version += 1
+            self._batcher.version = self._batcher.version + 1 if version is None else version
 
     async def close(self) -> None:
         """Stop the batching thread; unanswered requests fail. The model stays loaded."""

@@ -10,6 +10,11 @@ Log-probs: the engine is started with ``logprobs_mode="processed_logprobs"`` (vL
 the hf backend records them. With ``top_p < 1`` vLLM's processed log-probs are those of
 the truncated, renormalised distribution, unlike the hf backend's.
 
+Weights versions: :attr:`VLLMPolicy.weights_version` is read when a request is submitted
+and recorded on every token of its reply (``Generation.versions``). That is exact because
+the trainer never pushes weights while a generation is in flight (it updates between
+rollout calls), so one version holds for a whole generation.
+
 vllm is optional (``pip install 'agentgym-platform[vllm]'``); it is imported only when a
 ``VLLMPolicy`` is built.
 """
@@ -59,6 +64,8 @@ class VLLMPolicy:
             engine_kwargs["logprobs_mode"] = logprobs_mode
         args = self._vllm.AsyncEngineArgs(model=path, **engine_kwargs)
         self.engine = self._vllm.AsyncLLMEngine.from_engine_args(args)
+        self.weights_version = 0
+        """The version of the engine's weights; :meth:`update_weights` bumps or sets it."""
 
     def prompt_ids(self, messages: list[Message]) -> list[int]:
         """The chat template applied to ``messages``, ending with the assistant's turn header."""
@@ -86,10 +93,12 @@ class VLLMPolicy:
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
 
-    async def update_weights(self, weights: list[tuple[str, Any]]) -> None:
+    async def update_weights(self, weights: list[tuple[str, Any]], version: int | None = None) -> None:
         """Load ``(name, tensor)`` pairs (Hugging Face parameter names, full tensors) into the
         engine's model on every worker, then drop the prefix cache, whose KV entries were
-        computed with the old weights. The trainer calls this after each update.
+        computed with the old weights, and set :attr:`weights_version` to ``version``
+        (default: one more). The trainer calls this after each update, never while a
+        generation is in flight (see the module docstring).
 
         The loader runs inside vLLM's workers (``collective_rpc``); with vLLM's V1 engine in
         separate processes the function and tensors are pickled, which vLLM allows only with
@@ -97,6 +106,7 @@ class VLLMPolicy:
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         await self.engine.collective_rpc(_load_weights, args=(weights,))
         await self.engine.reset_prefix_cache()
+        self.weights_version = self.weights_version + 1 if version is None else version
 
     async def close(self) -> None:
         shutdown = getattr(self.engine, "shutdown", None)
@@ -105,6 +115,7 @@ class VLLMPolicy:
 
     async def _generate_one(self, request: GenerationRequest, params: Any) -> Generation:
         ids = request.prompt_ids if request.prompt_ids is not None else self.prompt_ids(request.messages)
+        version = self.weights_version  # weights never change while a generation is in flight
         final = None
         async for output in self.engine.generate({"prompt_token_ids": ids}, params, uuid.uuid4().hex):
             final = output
@@ -115,7 +126,7 @@ class VLLMPolicy:
         # With logprobs=0 each step's dict holds just the sampled token.
         logprobs = [step[token].logprob for step, token in zip(completion.logprobs, token_ids, strict=True)]
         reason = "length" if completion.finish_reason == "length" else "stop"
-        return Generation(completion.text, token_ids, logprobs, reason)
+        return Generation(completion.text, token_ids, logprobs, reason, versions=[version] * len(token_ids))
 
 
 def _load_weights(worker: Any, weights: list[tuple[str, Any]]) -> None:
