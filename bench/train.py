@@ -79,11 +79,18 @@ def compare_modes(config: TrainConfig, modes: list[str]) -> None:
                 _mean(u["clip_low"] for u in updates),
                 _mean(u["clip_high"] for u in updates),
                 _mean(u["ratio_p95"] - u["ratio_p05"] for u in updates),
+                records[-1].get("eval_success_rate", 0.0),
             )
         )
-    print("mode   s/step  generator busy  trainer busy  CPU idle  staleness  c_low  c_high  ratio p95-p05")
+    print(
+        "mode   s/step  generator busy  trainer busy  CPU idle  staleness  c_low  c_high  ratio p95-p05  held-out"
+    )
     for row in rows:
-        print("{:<6} {:6.1f}  {:14.0%}  {:12.0%}  {:8.0%}  {:9.2f}  {:5.2f}  {:6.2f}  {:13.4f}".format(*row))
+        print(
+            "{:<6} {:6.1f}  {:14.0%}  {:12.0%}  {:8.0%}  {:9.2f}  {:5.2f}  {:6.2f}  {:13.4f}  {:8.2f}".format(
+                *row
+            )
+        )
     if len(rows) > 1:
         print(f"speed-up per step of {rows[1][0]} over {rows[0][0]}: {rows[0][1] / rows[1][1]:.2f}x")
 

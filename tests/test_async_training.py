@@ -142,3 +142,14 @@ def test_partial_rollouts_resume_under_newer_policies_and_drop_what_turns_too_st
         assert versions == sorted(versions) and trajectory.turns == 3
     # The groups started while the previous episodes were paused would train 3 versions late.
     assert history[-1]["dropped_paused"] > 0
+
+
+def test_resume_restores_the_replay_buffer(tiny_model_dir: Path, choice_url: str, tmp_path: Path) -> None:
+    config = tiny_run(tiny_model_dir, choice_url, "choice", steps=2, replay_ratio=0.5, max_staleness=2)
+    Trainer(config, tmp_path).run()
+    longer = config.with_overrides({"steps": 3})
+    Trainer(longer, tmp_path, resume=True).run()
+    history = records(tmp_path)
+    assert [r["step"] for r in history] == [1, 2, 3]
+    assert history[2]["replayed_episodes"] == 8  # drawn from the buffer the step-2 checkpoint kept
+    assert history[2]["staleness_max"] == 2  # step 1's episodes among them

@@ -4,7 +4,14 @@ update the policy, repeat. Read it top to bottom: ``Trainer.run`` is the whole a
 Steps are numbered globally and checkpointed: steps ``1..bc_steps`` clone the expert
 (behaviour cloning, AgentEvol's first stage and the RL warm start), the rest are RL steps
 (or AgentEvol iterations). ``resume`` restarts after the last checkpoint, with the same
-weights, optimizer, RNG, schedule position and metrics, so a killed run continues exactly.
+weights, optimizer, RNG, schedule position, replay buffer and metrics, so a killed run
+continues exactly (an async run's in-flight rollouts and paused episodes are played anew).
+
+Off-policy settings (docs/training.md): ``mode: async`` plays step t+1's episodes while
+step t updates; ``replay_ratio`` mixes past episodes into each update; with
+``partial_rollout_tokens`` episodes pause at a token budget and resume a step later. Every
+token records the policy version that sampled it, and no update trains on a token more
+than ``max_staleness`` versions old (:mod:`agentgym.trainers.offpolicy`).
 """
 
 from __future__ import annotations
