@@ -106,3 +106,8 @@ def test_config_rejects_bad_off_policy_settings(ratio: float) -> None:
         TrainConfig(mode="later")
     with pytest.raises(ValueError, match="agentevol trains in mode: sync"):
         TrainConfig(algo="agentevol", mode="async")
+    with pytest.raises(ValueError, match="partial_rollout_tokens must be a number"):
+        TrainConfig(partial_rollout_tokens="many")
+    with pytest.raises(ValueError, match="partial_rollout_tokens needs generator hf or vllm"):
+        TrainConfig(partial_rollout_tokens=64, generator="ray")
+    assert TrainConfig(partial_rollout_tokens="64").partial_rollout_tokens == 64  # from --set / YAML

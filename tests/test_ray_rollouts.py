@@ -17,6 +17,7 @@ from agentgym.servers.app import ServerConfig
 from agentgym.servers.launcher import serve_in_thread
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.loop import Trainer
+from agentgym.trajectory import read_trajectories
 
 ray = pytest.importorskip("ray", reason="the ray extra is installed by `make test`")
 
@@ -48,9 +49,13 @@ def test_workers_share_the_episodes_and_take_new_weights(local_ray: object, tiny
         asyncio.run(pool.close())
 
 
-def test_trainer_collects_with_ray_workers(local_ray: object, tiny_model_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_trainer_collects_with_ray_workers(
+    mode: str, local_ray: object, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     config = TrainConfig(
         algo="grpo",
+        mode=mode,
         env="choice",
         model=str(tiny_model_dir),
         generator="ray",
@@ -75,3 +80,8 @@ def test_trainer_collects_with_ray_workers(local_ray: object, tiny_model_dir: Pa
     rl = [r for r in records if r["phase"] == "rl"]
     assert [r["episodes"] for r in rl] == [4, 4] and all(r["errored"] == 0 for r in rl)
     assert "eval_success_rate" in records[-1]
+    # The workers record the version they were sent: async plays step 3 during step 2's update.
+    behaviour = {2: 1, 3: 2 if mode == "sync" else 1}
+    for step, version in behaviour.items():
+        played = read_trajectories(run / "rollouts" / f"step-{step:06d}.jsonl")
+        assert {v for t in played for v, m in zip(t.versions, t.loss_mask, strict=True) if m} == {version}

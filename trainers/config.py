@@ -54,6 +54,15 @@ ALGORITHMS: dict[str, Algorithm] = {
 RL_ALGOS = (*ALGORITHMS, "agentevol")
 
 
+def _number_kind(f: dataclasses.Field) -> type | None:
+    """``int`` or ``float`` for numeric fields (optional ones included), else None."""
+    default = f.default if f.default is not dataclasses.MISSING else None
+    if isinstance(default, int | float) and not isinstance(default, bool):
+        return float if isinstance(default, float) else int
+    # Annotations are strings here (``from __future__ import annotations``).
+    return {"int | None": int, "float | None": float}.get(str(f.type))
+
+
 @dataclass
 class TrainConfig:
     # ----- what to train, where -------------------------------------------------------
@@ -216,12 +225,10 @@ class TrainConfig:
         """YAML 1.1 reads ``1e-3`` as a string: numeric fields take numeric strings, and
         anything else that is not a number is a clear error, not a crash mid-run."""
         for f in dataclasses.fields(self):
-            default = f.default if f.default is not dataclasses.MISSING else None
             value = getattr(self, f.name)
-            numeric = isinstance(default, int | float) and not isinstance(default, bool)
-            if value is None or isinstance(value, bool) or not numeric:
+            kind = _number_kind(f)
+            if value is None or isinstance(value, bool) or kind is None:
                 continue
-            kind = float if isinstance(default, float) else int
             try:
                 setattr(self, f.name, kind(value))
             except (TypeError, ValueError):
