@@ -4,7 +4,9 @@ same losses as one process on the same global batches.
 A tiny randomly initialised Llama with SmolLM2's tokenizer keeps two processes cheap; the
 steps compared are behaviour-cloning steps on `choice`'s expert episodes, whose batches
 are the same in both runs (sampled rollouts would differ between runs, their losses too).
-Then one RL step (BAPO, whose bound search sums P and N over ranks) must run too.
+Then one RL step (BAPO, whose bound search sums P and N over ranks) must run too. Async
+mode with partial rollouts must run on two ranks: each pauses and resumes its own
+episodes, and both build the same batches from all ranks' episodes.
 """
 
 from __future__ import annotations
@@ -36,9 +38,9 @@ SETTINGS = {
 }
 
 
-def train(run: Path, model: Path, nproc: int) -> list[dict]:
+def train(run: Path, model: Path, nproc: int, **overrides: object) -> list[dict]:
     args = ["--algo", "bapo", "--schedule", "fixed", "--env", "choice", "--model", str(model)]
-    args += [f"--set={key}={value}" for key, value in SETTINGS.items()]
+    args += [f"--set={key}={value}" for key, value in (SETTINGS | overrides).items()]
     command = [sys.executable, "-m", "agentgym.cli", "train", *args, "--out", str(run), "--nproc", str(nproc)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
@@ -58,3 +60,22 @@ def test_two_processes_give_the_losses_of_one(tiny_model_dir: Path, tmp_path: Pa
     rollouts = (tmp_path / "two" / "rollouts" / "step-000003.jsonl").read_text().splitlines()
     assert len(rollouts) == SETTINGS["tasks_per_step"] * SETTINGS["group_size"]  # both ranks' episodes
     assert (tmp_path / "two" / "checkpoints" / "latest").exists()
+
+
+def test_two_processes_train_async_with_partial_rollouts(tiny_model_dir: Path, tmp_path: Path) -> None:
+    history = train(
+        tmp_path / "async",
+        tiny_model_dir,
+        nproc=2,
+        env="textworld",
+        agent_format="react",
+        bc_steps=0,
+        steps=3,
+        max_turns=2,
+        mode="async",
+        partial_rollout_tokens=4,  # every turn spends it: each episode spans two collections
+        max_staleness=2,
+    )
+    assert [r["step"] for r in history] == [1, 2, 3]
+    assert [r["fresh_episodes"] for r in history] == [0, 4, 4]  # both ranks' groups, once complete
+    assert [r["staleness_max"] for r in history] == [0, 1, 2]  # step 2's groups began at version 0

@@ -489,6 +489,12 @@ class Trainer:
         else:
             local, seconds = self._run(_result_of(pending[1]))
         trajectories = self.dp.gather(local)
+        # Every rank builds the same batch from every rank's episodes, so each learns of
+        # the paused episodes any rank dropped (their groups then complete without them).
+        dropped, self._dropped_here = self.dp.gather(self._dropped_here), []
+        for task_id, sample in dropped:
+            self._groups.abandon(task_id, sample)
+        self._dropped_paused += len(dropped)
         if self.dp.main:
             folder = self.run_dir.path / "rollouts"
             folder.mkdir(exist_ok=True)
@@ -544,9 +550,7 @@ class Trainer:
             if episode.oldest_version is not None
             and train_version - episode.oldest_version > self.config.max_staleness
         ]
-        for episode in stale:
-            self._groups.abandon(episode.spec.task_id, episode.spec.sample)
-        self._dropped_paused += len(stale)
+        self._dropped_here += [(episode.spec.task_id, episode.spec.sample) for episode in stale]
         await self.rollouts.drop(stale)
 
     async def _publish(self) -> None:
@@ -644,7 +648,9 @@ class Trainer:
         """Async mode: the step whose episodes are being played, and that collection."""
         self._groups = PendingGroups(self.config.group_size)
         self._dropped_paused = 0
-        """Paused episodes ended so far because they would train too stale."""
+        """Paused episodes ended so far (on every rank) because they would train too stale."""
+        self._dropped_here: list[tuple[str, int]] = []
+        """(task, sample) of the paused episodes this rank dropped since the last collection."""
         self.replay = ReplayBuffer(self.config.replay_capacity, self.config.max_staleness)
         checkpoint = self.run_dir.latest_checkpoint() if self.resume else None
         if checkpoint is not None and (checkpoint / REPLAY_FILE).exists():
