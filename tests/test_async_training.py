@@ -18,6 +18,7 @@ from agentgym.servers.app import ServerConfig
 from agentgym.servers.launcher import serve_in_thread
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.loop import Trainer
+from agentgym.trainers.plot import plot_run
 from agentgym.trajectory import Trajectory, read_jsonl, read_trajectories
 
 
@@ -144,12 +145,22 @@ def test_partial_rollouts_resume_under_newer_policies_and_drop_what_turns_too_st
     assert history[-1]["dropped_paused"] > 0
 
 
-def test_resume_restores_the_replay_buffer(tiny_model_dir: Path, choice_url: str, tmp_path: Path) -> None:
-    config = tiny_run(tiny_model_dir, choice_url, "choice", steps=2, replay_ratio=0.5, max_staleness=2)
+def test_an_async_run_resumes_with_its_replay_buffer(
+    tiny_model_dir: Path, choice_url: str, tmp_path: Path
+) -> None:
+    config = tiny_run(
+        tiny_model_dir, choice_url, "choice", mode="async", steps=2, replay_ratio=0.5, max_staleness=2
+    )
     Trainer(config, tmp_path).run()
+    first = (tmp_path / "metrics.jsonl").read_text()
     longer = config.with_overrides({"steps": 3})
     Trainer(longer, tmp_path, resume=True).run()
     history = records(tmp_path)
     assert [r["step"] for r in history] == [1, 2, 3]
+    assert (tmp_path / "metrics.jsonl").read_text().startswith(first)  # steps 1-2 kept, not redone
+    assert len(rollouts(tmp_path, 1)) == len(rollouts(tmp_path, 2)) == 8  # played once each
     assert history[2]["replayed_episodes"] == 8  # drawn from the buffer the step-2 checkpoint kept
-    assert history[2]["staleness_max"] == 2  # step 1's episodes among them
+    assert history[2]["staleness_max"] == 2  # version-0 episodes among them
+    # The in-flight collection died with the first process: step 3 is played afresh, at version 2.
+    assert {v for t in rollouts(tmp_path, 3) for v in sampled_versions(t)} == {2}
+    assert plot_run(tmp_path).stat().st_size > 0  # staleness and ratio panels included

@@ -76,8 +76,9 @@ def test_checkpoint_round_trip_restores_weights_optimizer_and_rng(tmp_path) -> N
     model(input_ids=torch.tensor([[1, 2, 3]]), labels=torch.tensor([[1, 2, 3]])).loss.backward()
     optimizer.step()
     run = RunDir(tmp_path)
-    folder = run.save_checkpoint(1, model, optimizer, {"horizon": 4})
+    folder = run.save_checkpoint(1, model, optimizer, {"horizon": 4}, {"replay.jsonl": "{}\n"})
     assert run.latest_checkpoint() == folder
+    assert (folder / "replay.jsonl").read_text() == "{}\n"
     expected_draw = torch.rand(3)
 
     restored = tiny_model(seed=1)

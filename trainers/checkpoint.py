@@ -76,8 +76,8 @@ class RunDir:
         torch.save(trainable, staging / "trainable.pt")
         torch.save({"optimizer": optimizer.state_dict(), "rng": rng_state()}, staging / "optimizer.pt")
         (staging / "state.json").write_text(json.dumps({"step": step, **state}, indent=2))
-        for name, text in (files or {}).items():
-            (staging / name).write_text(text)
+        for filename, text in (files or {}).items():
+            (staging / filename).write_text(text)
         if final.exists():
             shutil.rmtree(final)
         os.replace(staging, final)

@@ -15,6 +15,8 @@ PANELS = (
     ("positive share ρ", ("positive_share",)),
     ("entropy", ("entropy",)),
     ("loss", ("loss",)),
+    ("staleness (policy versions)", ("staleness_mean", "staleness_max")),
+    ("importance ratio π_θ/π_behaviour", ("ratio_p05", "ratio_p50", "ratio_p95")),
 )
 
 
