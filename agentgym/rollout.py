@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 import httpx
 
 from agentgym.agents import DEFAULT_FORMAT, AgentFormat, get_format, window
-from agentgym.agents.tokens import TokenContext
+from agentgym.agents.tokens import TokenContext, oldest_version
 from agentgym.client import AsyncEnvClient, RetryPolicy
 from agentgym.errors import AgentGymError, InvalidAction
 from agentgym.policies.base import Generation, GenerationRequest, Policy, SamplingParams
@@ -184,8 +184,7 @@ class Episode:
     def oldest_version(self) -> int | None:
         """The smallest weights version among the tokens sampled so far (``None``: none
         sampled yet, or the policy does not report versions)."""
-        known = [v for v in self.tokens.versions if v >= 0] if self.tokens is not None else []
-        return min(known, default=None)
+        return oldest_version(self.tokens.versions if self.tokens is not None else None)
 
     async def run(self, token_budget: int | None = None) -> Trajectory | None:
         """Play until the episode ends and return its trajectory (the env session is

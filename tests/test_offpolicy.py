@@ -8,11 +8,11 @@ import random
 
 import pytest
 
+from agentgym.agents.tokens import oldest_version
 from agentgym.trainers.offpolicy import (
     PendingGroups,
     ReplayBuffer,
     Sample,
-    oldest_version,
     staleness,
     token_staleness,
 )
@@ -38,11 +38,11 @@ def episode(task: str, sample: int, versions: list[int], score: float = 0.0) -> 
 
 def test_staleness_counts_from_the_oldest_sampled_token() -> None:
     resumed = episode("t", 0, [3, 3, 5])  # paused at version 3, resumed at 5
-    assert oldest_version(resumed) == 3
+    assert oldest_version(resumed.versions) == 3
     assert staleness(resumed, 6) == 3
     assert sorted(token_staleness([resumed], 6)) == [1, 3, 3]
     unknown = episode("t", 1, [])
-    assert oldest_version(unknown) is None and staleness(unknown, 9) == 0
+    assert oldest_version(unknown.versions) is None and staleness(unknown, 9) == 0
 
 
 def test_replay_mixes_by_ratio_and_never_returns_stale_samples() -> None:

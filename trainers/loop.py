@@ -356,16 +356,12 @@ class Trainer:
             self._reference = self._stage1_reference()
         rng = random.Random(self.config.seed * 1_000_003 + step)  # same problems after a resume
         problems = rng.sample(self.train_problems, min(self.config.tasks_per_step, len(self.train_problems)))
-        # No seed: the critiques of one answer must differ.
-        sampling = SamplingParams(
-            temperature=self.config.temperature, max_new_tokens=self.config.max_new_tokens
-        )
         start = time.perf_counter()
         shard = critique_round(
             self.actor,
             self.generator,
             self.dp.shard(problems),
-            sampling,
+            self._sampling(),
             n_critiques=self.config.critiques_per_answer,
         )
         records = self.dp.gather(self._run(shard))
@@ -410,9 +406,8 @@ class Trainer:
         """Greedy critique rounds on the first ``eval_tasks`` test problems: every
         :func:`~agentgym.critique.critique_metrics` figure as ``eval_<name>``, and Acc@Refine as
         ``eval_success_rate`` (the actor's success with the critic in the loop)."""
-        sampling = SamplingParams(temperature=0.0, max_new_tokens=self.config.max_new_tokens)
         problems = self.test_problems[: self.config.eval_tasks]
-        records = self._run(critique_round(self.actor, self.generator, problems, sampling))
+        records = self._run(critique_round(self.actor, self.generator, problems, self._sampling(greedy=True)))
         metrics = critique_metrics(r.outcome for r in records)
         return {f"eval_{key}": value for key, value in metrics.items()} | {
             "eval_success_rate": metrics["acc_refine"]
@@ -483,11 +478,11 @@ class Trainer:
     def _rollouts_for(self, step: int) -> tuple[list[Trajectory], float]:
         """Step ``step``'s ended episodes (all ranks') and the collection's wall time."""
         pending, self._pending = self._pending, None
-        if pending is None or pending[0] != step:
+        if pending is None:
             self._run(self._publish())
             local, seconds = self._run(self._collect(step))
-        else:
-            local, seconds = self._run(_result_of(pending[1]))
+        else:  # async: launched during the last step, for this one
+            local, seconds = self._run(_result_of(pending))
         trajectories = self.dp.gather(local)
         # Every rank builds the same batch from every rank's episodes, so each learns of
         # the paused episodes any rank dropped (their groups then complete without them).
@@ -507,7 +502,7 @@ class Trainer:
         """Async mode: bring the generator to the current version, then let it play step
         ``step``'s episodes on the event loop while this step updates."""
         self._run(self._publish())
-        self._pending = (step, self._loop.get_loop().create_task(self._collect(step)))
+        self._pending = self._loop.get_loop().create_task(self._collect(step))
 
     async def _collect(self, step: int) -> tuple[list[Trajectory], float]:
         """Play this rank's share of step ``step``'s new groups, resuming paused episodes
@@ -522,16 +517,7 @@ class Trainer:
             for task in self.dp.shard(tasks)
             for k in range(size)
         ]
-        # No per-request seed: the samples of a group must differ (one shared seed makes them identical).
-        sampling = SamplingParams(
-            temperature=self.config.temperature, max_new_tokens=self.config.max_new_tokens
-        )
-        rollout = RolloutConfig(
-            max_turns=self._horizon(step),
-            sampling=sampling,
-            concurrency=self.config.concurrency,
-            format=self.config.agent_format,
-        )
+        rollout = self._rollout_config(self._horizon(step))
         if self.rollouts is None:  # a pool of remote rollout workers (RayRollouts)
             ended = await self.generator.play(self.url, specs, rollout)
         else:
@@ -575,6 +561,21 @@ class Trainer:
             return work(*args)
         return self._run(asyncio.to_thread(work, *args))
 
+    def _rollout_config(self, max_turns: int, *, greedy: bool = False) -> RolloutConfig:
+        return RolloutConfig(
+            max_turns=max_turns,
+            sampling=self._sampling(greedy),
+            concurrency=self.config.concurrency,
+            format=self.config.agent_format,
+        )
+
+    def _sampling(self, greedy: bool = False) -> SamplingParams:
+        """Rollout sampling (greedy for evaluation). No per-request seed: the samples of a
+        group, and the critiques of one answer, must differ (one shared seed makes them
+        identical)."""
+        temperature = 0.0 if greedy else self.config.temperature
+        return SamplingParams(temperature=temperature, max_new_tokens=self.config.max_new_tokens)
+
     def _horizon(self, step: int) -> int:
         if self.config.algo == "agentevol":
             return self.config.max_turns
@@ -583,22 +584,12 @@ class Trainer:
     def _evaluate(self) -> float:
         """Greedy success rate on the first ``eval_tasks`` test tasks at the final horizon."""
         tasks = self.test_tasks[: self.config.eval_tasks]
-        horizon = (
-            self.schedule.horizon_at(max(1, self.rl_steps))
-            if self.config.algo != "agentevol"
-            else self.config.max_turns
-        )
-        sampling = SamplingParams(temperature=0.0, max_new_tokens=self.config.max_new_tokens)
+        final_horizon = self._horizon(self.config.bc_steps + max(1, self.rl_steps))
         # Async: the generator is busy with the next step's episodes and one version behind.
         trajectories = self._play(
             self.policy if self.config.mode == "async" else self.generator,
             [EpisodeSpec(t, split="test") for t in tasks],
-            RolloutConfig(
-                max_turns=horizon,
-                sampling=sampling,
-                concurrency=self.config.concurrency,
-                format=self.config.agent_format,
-            ),
+            self._rollout_config(final_horizon, greedy=True),
         )
         return _mean(float(t.success) for t in trajectories)
 
@@ -644,8 +635,8 @@ class Trainer:
         generator = self._new_generator()
         self._cleanup.push_async_callback(generator.close)
         self._published = self.version if generator is self.policy else None
-        self._pending: tuple[int, asyncio.Task] | None = None
-        """Async mode: the step whose episodes are being played, and that collection."""
+        self._pending: asyncio.Task | None = None
+        """Async mode: the collection of the next step's episodes, in flight."""
         self._groups = PendingGroups(self.config.group_size)
         self._dropped_paused = 0
         """Paused episodes ended so far (on every rank) because they would train too stale."""

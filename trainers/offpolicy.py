@@ -18,23 +18,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentgym.agents.tokens import NOT_SAMPLED, oldest_version
 from agentgym.trajectory import Trajectory, read_jsonl
-
-NOT_SAMPLED = -1
-"""The version recorded on prompt and observation tokens."""
-
-
-def oldest_version(trajectory: Trajectory) -> int | None:
-    """The oldest policy version among the trajectory's sampled tokens (None: none sampled
-    or the backend did not record versions)."""
-    sampled = [v for v in trajectory.versions or () if v != NOT_SAMPLED]
-    return min(sampled) if sampled else None
 
 
 def staleness(trajectory: Trajectory, version: int) -> int:
     """How many versions the trajectory's oldest sampled token lags ``version``; an
     episode without recorded versions counts as on-policy (0)."""
-    oldest = oldest_version(trajectory)
+    oldest = oldest_version(trajectory.versions)
     return 0 if oldest is None else version - oldest
 
 

@@ -66,6 +66,16 @@ def observation_delta(tokenizer: Any, observation: str, last_generated: int | No
     return delta
 
 
+NOT_SAMPLED = -1
+"""The version recorded on tokens no policy sampled (prompt, observations), and on sampled
+tokens of backends that do not report versions."""
+
+
+def oldest_version(versions: list[int] | None) -> int | None:
+    """The oldest weights version among sampled tokens (None: none, or none recorded)."""
+    return min((v for v in versions or () if v != NOT_SAMPLED), default=None)
+
+
 class TokenContext:
     """The token sequence of one episode: ``ids``, ``loss_mask`` (1 on generated tokens),
     ``logprobs`` (the behaviour log-prob on generated tokens, 0.0 elsewhere) and
@@ -79,7 +89,7 @@ class TokenContext:
         self.ids: list[int] = encode(tokenizer, render(tokenizer, messages))
         self.loss_mask: list[int] = [0] * len(self.ids)
         self.logprobs: list[float] = [0.0] * len(self.ids)
-        self.versions: list[int] = [-1] * len(self.ids)
+        self.versions: list[int] = [NOT_SAMPLED] * len(self.ids)
         self.generated_tokens = 0
         self._last_generated: int | None = None
         self._checkpoint = (2, len(self.ids))
@@ -97,7 +107,9 @@ class TokenContext:
         self.ids += token_ids
         self.loss_mask += [1] * len(token_ids)
         self.logprobs += [float(lp) for lp in logprobs]
-        self.versions += [int(v) for v in versions] if versions is not None else [-1] * len(token_ids)
+        self.versions += (
+            [int(v) for v in versions] if versions is not None else [NOT_SAMPLED] * len(token_ids)
+        )
         self.generated_tokens += len(token_ids)
         self._last_generated = token_ids[-1] if token_ids else None
 
@@ -108,7 +120,7 @@ class TokenContext:
         self.ids += delta
         self.loss_mask += [0] * len(delta)
         self.logprobs += [0.0] * len(delta)
-        self.versions += [-1] * len(delta)
+        self.versions += [NOT_SAMPLED] * len(delta)
         self._last_generated = None
         self._checkpoint = (n_messages, len(self.ids))
 
