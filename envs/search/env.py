@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from agentgym.cache import cache_dir as agentgym_cache_dir
-from agentgym.core import Task, TextEnv, Transition
+from agentgym.core import Task, TaskListsMixin, TextEnv, Transition
 from agentgym.envs.search.answers import exact_match, f1_score, normalize_answer
 from agentgym.envs.search.data import Question
 from agentgym.envs.search.index import Hit
 from agentgym.envs.search.library import GeneratedSource, Library, UserSource, library
 from agentgym.envs.search.retrieval import Retriever, check_retriever
-from agentgym.errors import UnknownTask
 
 DEFAULT_MAX_TURNS = 10
 MAX_OPEN_CHARS = 4000
@@ -53,7 +52,7 @@ def parse_action(action: str) -> tuple[str, str] | None:
     return (match.group(1).lower(), match.group(2).strip()) if match else None
 
 
-class SearchEnv(TextEnv):
+class SearchEnv(TaskListsMixin, TextEnv):
     """Question answering over a passage index: BM25, dense embeddings, or both fused.
 
     By default the questions and passages come from the generated knowledge base
@@ -115,19 +114,12 @@ class SearchEnv(TextEnv):
             source, Path(cache_dir) if cache_dir else agentgym_cache_dir("search")
         )
         self.retriever: Retriever = self.library.retriever(retriever)
+        self._tasks = self.library.tasks  # splits() and tasks() read it (TaskListsMixin)
         self._question: Question | None = None
         self._seen_docs: set[str] = set()
         self._issued: set[str] = set()
 
     # ----- catalogue -------------------------------------------------------------------
-
-    def splits(self) -> dict[str, int]:
-        return {split: len(tasks) for split, tasks in self.library.tasks.items()}
-
-    def tasks(self, split: str) -> list[Task]:
-        if split not in self.library.tasks:
-            raise UnknownTask(f"unknown split {split!r}; splits are {sorted(self.library.tasks)}")
-        return list(self.library.tasks[split])
 
     def instruction(self) -> str:
         return INSTRUCTION

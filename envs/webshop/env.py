@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import httpx
 
 from agentgym.cache import cache_dir as agentgym_cache_dir
-from agentgym.core import WEB_PREFIX, Task, TextEnv, Transition
+from agentgym.core import WEB_PREFIX, Task, TaskListsMixin, TextEnv, Transition
 from agentgym.envs.webshop.browser import BrowserTab, Snapshot, browser_worker
 from agentgym.envs.webshop.goals import Goal
 from agentgym.envs.webshop.shop import (
@@ -36,7 +36,7 @@ from agentgym.envs.webshop.shop import (
     view_of,
 )
 from agentgym.envs.webshop.site import local_site_url, site_router
-from agentgym.envs.webshop.world import SPLITS, CatalogSource, World, shared_world
+from agentgym.envs.webshop.world import CatalogSource, World, shared_world
 from agentgym.errors import EngineError, UnknownTask
 
 MODES = ("text", "browser")
@@ -156,7 +156,7 @@ def _require_same_world(site_url: str, world: World) -> None:
     _checked_sites.add((site_url, id(world)))
 
 
-class WebShopEnv(TextEnv):
+class WebShopEnv(TaskListsMixin, TextEnv):
     """Args:
     n_products: size of the generated catalog (1k to 100k+).
     catalog_seed: seed of the generated catalog.
@@ -202,6 +202,7 @@ class WebShopEnv(TextEnv):
         source = CatalogSource(n_products, catalog_seed, products_file, attributes_file, instructions_file)
         cache = Path(cache_dir) if cache_dir is not None else agentgym_cache_dir("webshop")
         self.world = shared_world(source, n_train, n_test, cache)
+        self._tasks = self.world.tasks  # splits() and tasks() read it (TaskListsMixin)
         self.mode = mode
         self.shop: TextShop | BrowserShop = (
             TextShop(self.world) if mode == "text" else BrowserShop(self.world, site_url)
@@ -210,14 +211,6 @@ class WebShopEnv(TextEnv):
         self._page: Page | None = None
 
     # ----- catalogue -------------------------------------------------------------------
-
-    def splits(self) -> dict[str, int]:
-        return {split: len(tasks) for split, tasks in self.world.tasks.items()}
-
-    def tasks(self, split: str) -> list[Task]:
-        if split not in self.world.tasks:
-            raise UnknownTask(f"unknown split {split!r}; splits are {list(SPLITS)}")
-        return list(self.world.tasks[split])
 
     def task(self, task_id: str) -> Task:
         """O(1): ids are ``<split>/<index>`` (the base class would index every task per instance,
