@@ -96,19 +96,26 @@ class SciWorldEnv(TextEnv):
         available_actions: bool | int = False,
         gold_path: bool = True,
         max_turns: int | None = None,
-        heap_mb: int = 512,
-        max_jvms: int | None = None,
-        spare_jvms: int = 1,
-        max_idle_jvms: int = 4,
-        recycle_after: int = 200,
-        call_timeout_s: float = 120.0,
+        heap_mb: int = JvmSettings.heap_mb,
+        max_jvms: int | None = JvmSettings.max_live,
+        spare_jvms: int = JvmSettings.spare,
+        max_idle_jvms: int = JvmSettings.max_idle,
+        recycle_after: int = JvmSettings.recycle_after,
+        call_timeout_s: float = JvmSettings.call_timeout_s,
     ) -> None:
         super().__init__(max_turns=max_turns)
         self._types = resolve_types(task_types)
         self.simplifications = _check_simplifications(simplifications)
         self.actions_in_info = _check_actions_option(available_actions)
         self.gold_path = gold_path
-        settings = JvmSettings(heap_mb, max_jvms, spare_jvms, max_idle_jvms, recycle_after, call_timeout_s)
+        settings = JvmSettings(
+            heap_mb=heap_mb,
+            max_live=max_jvms,
+            spare=spare_jvms,
+            max_idle=max_idle_jvms,
+            recycle_after=recycle_after,
+            call_timeout_s=call_timeout_s,
+        )
         self.pool: JvmPool = jvm_pool(settings)
         self._jvm: Jvm | None = None
         self._episode_actions: bool | int = False
