@@ -26,11 +26,12 @@ import asyncio
 import dataclasses
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from agentgym.envs.math.answers import answers_match, canonical_answer, extract_answer, is_correct
+from agentgym.envs.math.env import INSTRUCTION as MATH_INSTRUCTION
 from agentgym.envs.math.problems import Problem
 from agentgym.policies.base import Generation, GenerationRequest, Message, Policy, SamplingParams
 from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
@@ -39,10 +40,7 @@ from agentgym.trajectory import Trajectory
 STAGE2_VERDICT_WEIGHT = 0.2
 """β1 of Critique-RL's Stage II: the weight of the discrimination reward."""
 
-ACTOR_SYSTEM = (
-    "Solve the math problem. Reason step by step, then end your reply with the final answer "
-    "on its own line, as: The answer is N"
-)
+ACTOR_SYSTEM = MATH_INSTRUCTION
 CRITIC_SYSTEM = (
     "You are a careful teacher checking a student's work. Go through it step by step: for each "
     "step, say whether it is right and, if it is not, what the mistake is and how to fix it. "
@@ -145,6 +143,13 @@ class Outcome:
     verdict: bool | None
     refined_correct: bool
 
+    @property
+    def stage1_reward(self) -> float:
+        return discrimination_reward(self.verdict, self.answer_correct)
+
+    def stage2_reward(self, beta: float = STAGE2_VERDICT_WEIGHT) -> float:
+        return refinement_reward(self.refined_correct, self.verdict, self.answer_correct, beta)
+
 
 def critique_metrics(outcomes: Iterable[Outcome]) -> dict[str, float | None]:
     """Batch metrics, each a share of all ``N`` outcomes (formulas in docs/algorithms/critique-rl.md):
@@ -237,12 +242,11 @@ class CritiqueRecord:
 
     @property
     def stage1_reward(self) -> float:
-        return discrimination_reward(self.outcome.verdict, self.outcome.answer_correct)
+        return self.outcome.stage1_reward
 
     @property
     def stage2_reward(self) -> float:
-        o = self.outcome
-        return refinement_reward(o.refined_correct, o.verdict, o.answer_correct)
+        return self.outcome.stage2_reward()
 
     def critic_sample(self, prompt_ids: Sequence[int]) -> dict[str, list[Any]]:
         """The critique as a training record for the critic (the trainer's ``collate``
@@ -389,7 +393,7 @@ class TrajectoryCritique:
 
     @property
     def stage1_reward(self) -> float:
-        return discrimination_reward(self.verdict, self.trajectory.success)
+        return self.outcome.stage1_reward
 
     @property
     def outcome(self) -> Outcome:
@@ -424,13 +428,14 @@ async def critique_trajectories(
 
 
 class NotedPolicy:
-    """``policy`` with a note added to the first observation of every conversation it sees:
-    how a replaying agent reads the critique of its previous attempt. Requests lose their
-    ``prompt_ids`` so a token backend renders the noted messages (the replay's trajectory
-    keeps the env's own observation)."""
+    """``policy`` with a note added to the first observation of every conversation it sees,
+    the note of that episode (``notes`` by ``(task_id, sample)``, read from the request's
+    ``info``): how a replaying agent reads the critique of its previous attempt. Requests
+    lose their ``prompt_ids`` so a token backend renders the noted messages (the replay's
+    trajectory keeps the env's own observation)."""
 
-    def __init__(self, policy: Policy, note: str) -> None:
-        self.policy, self.note = policy, note
+    def __init__(self, policy: Policy, notes: Mapping[tuple[str, int], str]) -> None:
+        self.policy, self.notes = policy, notes
         self.name, self.tokenizer = policy.name, policy.tokenizer
 
     async def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Generation]:
@@ -439,7 +444,8 @@ class NotedPolicy:
     def _noted(self, request: GenerationRequest) -> GenerationRequest:
         messages = [dict(m) for m in request.messages]
         first = next(m for m in messages if m["role"] == "user")
-        first["content"] = f"{self.note}\n\n{first['content']}"
+        note = self.notes[(request.info["task_id"], request.info["sample"])]
+        first["content"] = f"{note}\n\n{first['content']}"
         return GenerationRequest(messages, None, request.info)
 
     async def close(self) -> None:
@@ -462,13 +468,12 @@ async def critique_and_replay(
     :func:`replay_note` of its critique before the first observation. ``critique_metrics``
     of the results' ``outcome`` gives Acc (first episodes), Acc@Dis and Acc@Refine (replays)."""
     played = await run_episodes(url, actor, specs, rollout, token=token, on_episode=on_episode)
-    judged = await critique_trajectories(critic, played, critic_sampling)
-
-    async def replay(item: TrajectoryCritique) -> None:
-        t = item.trajectory
-        noted = NotedPolicy(actor, replay_note(item.critique.text))
-        spec = EpisodeSpec(t.task_id, t.sample, t.split)
-        (item.replay,) = await run_episodes(url, noted, [spec], rollout, token=token, on_episode=on_episode)
-
-    await asyncio.gather(*(replay(item) for item in judged))
-    return judged
+    judged = {
+        item.trajectory.key: item for item in await critique_trajectories(critic, played, critic_sampling)
+    }
+    noted = NotedPolicy(actor, {key: replay_note(item.critique.text) for key, item in judged.items()})
+    # One run for all replays, so they share the client and the concurrency cap.
+    replay_specs = [EpisodeSpec(t.task_id, t.sample, t.split) for t in played]
+    for replay in await run_episodes(url, noted, replay_specs, rollout, token=token, on_episode=on_episode):
+        judged[replay.key].replay = replay
+    return list(judged.values())

@@ -311,7 +311,11 @@ class Episode:
 
     def _request(self) -> GenerationRequest:
         expert = self.info.get("expert_action")
-        info: dict[str, Any] = {"task_id": self.spec.task_id, "turn": len(self.actions)}
+        info: dict[str, Any] = {
+            "task_id": self.spec.task_id,
+            "sample": self.spec.sample,
+            "turn": len(self.actions),
+        }
         if isinstance(expert, str):
             # The expert policy replies with this verbatim, so hand it over in the agent's format.
             info["expert_action"] = self.ctx.agent.render(expert)

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from agentgym.critique import CritiqueRecord, critic_messages, refinement_reward
-from agentgym.envs.math.answers import canonical_answer
+from agentgym.critique import CritiqueRecord, critic_messages
+from agentgym.envs.math.answers import parse_number
 from agentgym.envs.math.problems import Problem
 from agentgym.policies.base import Generation, GenerationRequest, Message, SamplingParams
 from agentgym.policies.hf import HFPolicy
@@ -37,12 +37,7 @@ def stage_rewards(records: Sequence[CritiqueRecord], stage: int, beta: float) ->
     """Each critique's reward: Stage I the verdict's, Stage II the refinement's (β1 = ``beta``)."""
     if stage == 1:
         return torch.tensor([r.stage1_reward for r in records])
-    return torch.tensor(
-        [
-            refinement_reward(o.refined_correct, o.verdict, o.answer_correct, beta)
-            for o in (r.outcome for r in records)
-        ]
-    )
+    return torch.tensor([r.outcome.stage2_reward(beta) for r in records])
 
 
 def rloo_groups(count: int, critiques_per_answer: int) -> torch.Tensor:
@@ -72,11 +67,11 @@ def synthetic_critique(problem: Problem, wrong: bool, rng: random.Random) -> tup
 
 def _perturbed(answer: str, rng: random.Random) -> str:
     """A different answer near ``answer`` (a non-numeric answer gets a digit appended)."""
-    value = canonical_answer(answer)
-    if not isinstance(value, int | float):
+    value = parse_number(answer)
+    if value is None:
         return f"{answer}1"
     offset = rng.choice([-3, -2, -1, 1, 2, 3, 10])
-    return str(int(value) + offset) if float(value).is_integer() else str(value + offset)
+    return str(int(value) + offset) if value.denominator == 1 else str(float(value) + offset)
 
 
 def demonstrations(
