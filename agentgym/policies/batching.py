@@ -120,10 +120,8 @@ class ContinuousBatcher:
         self.max_positions = max_positions
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop_ids)
         self.stats = BatcherStats()
-        self.lock = threading.RLock()
-        """Held around every forward pass; hold it to change the weights between steps (and
-        set :attr:`version` before letting go; reentrant, so a holder may call code that
-        takes it again)."""
+        self.lock = threading.Lock()
+        """Held around every forward pass; hold it to change the weights between steps."""
         self.version = 0
         """Weights version recorded on every sampled token; whoever changes the weights sets
         it while holding :attr:`lock`, so a sampling step never sees a half-done update."""

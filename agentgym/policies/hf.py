@@ -69,7 +69,7 @@ class HFPolicy:
         return self._batcher.stats
 
     @property
-    def weights_lock(self) -> threading.RLock:
+    def weights_lock(self) -> threading.Lock:
         """Held around every forward pass; hold it while changing ``self.model`` in place
         (an optimizer step) so no decode step sees half-updated weights."""
         return self._batcher.lock
@@ -82,10 +82,8 @@ class HFPolicy:
 
     @weights_version.setter
     def weights_version(self, version: int) -> None:
-        """The trainer sets it after changing the weights in place. The setter takes
-        :attr:`weights_lock` (reentrant): set it inside the same ``with
-        policy.weights_lock:`` block as the change, and no token sampled with the new
-        weights is recorded under the old version."""
+        """The trainer sets it after changing the weights in place, before the policy
+        samples again; the setter takes :attr:`weights_lock`."""
         with self.weights_lock:
             self._batcher.version = version
 
