@@ -39,11 +39,13 @@ class WordDecoder:
         self.ids: dict[str, int] = {}
 
     def encode(self, text: str) -> list[int]:
-        return [self.ids.setdefault(w, self._add(w)) for w in text.replace("\n", " \n ").split(" ") if w]
+        return [self._id(w) for w in text.replace("\n", " \n ").split(" ") if w]
 
-    def _add(self, word: str) -> int:
-        self.vocab.append(word)
-        return len(self.vocab) - 1
+    def _id(self, word: str) -> int:
+        if word not in self.ids:  # a new word only: setdefault would append every word it sees
+            self.ids[word] = len(self.vocab)
+            self.vocab.append(word)
+        return self.ids[word]
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
         return [self.vocab[i] + " " for i in ids]
