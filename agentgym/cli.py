@@ -30,7 +30,7 @@ from agentgym.errors import AgentGymError
 from agentgym.trainers.cli import register as register_training_commands
 
 if TYPE_CHECKING:
-    from agentgym.policies.base import Policy
+    from agentgym.policies.base import Policy, SamplingParams
     from agentgym.rollout import RolloutConfig
     from agentgym.servers.launcher import ServerProcess
     from agentgym.trajectory import Trajectory
@@ -482,13 +482,12 @@ def evaluate_policy(
     rollout = _rollout_config(
         agent_format, max_turns, concurrency, temperature, max_new_tokens, history_turns
     )
+    choice = PolicyChoice(policy, model, base_url, api_key, concurrency)
     if critic is not None:
         from agentgym.evaluation import CRITIC_ENVS
 
-        choice = PolicyChoice(policy, model, base_url, api_key, concurrency)
         if env in CRITIC_ENVS:
-            sampling = SamplingParamsArgs(temperature, max_new_tokens)
-            _evaluate_with_critic(env, split, n, k, choice, critic, sampling, out, url)
+            _evaluate_with_critic(env, split, n, k, choice, critic, rollout.sampling, out, url)
         else:
             _evaluate_episodes_with_critic(env, split, n, choice, critic, rollout, out, url, token)
         return
@@ -498,23 +497,9 @@ def evaluate_policy(
         on_plan, on_episode = callbacks
         return await evaluate(server_url, built, config, token=token, on_plan=on_plan, on_episode=on_episode)
 
-    results = _run_policy_job(
-        env,
-        url,
-        out / "servers",
-        token,
-        job,
-        PolicyChoice(policy, model, base_url, api_key, concurrency),
-    )
+    results = _run_policy_job(env, url, out / "servers", token, job, choice)
     console.print(_results_table(results))
     console.print(f"results: {out / RESULTS_FILE}\ntrajectories: {out / TRAJECTORIES_FILE}")
-
-
-class SamplingParamsArgs(NamedTuple):
-    """The sampling options of ``eval --critic``."""
-
-    temperature: float
-    max_new_tokens: int
 
 
 def _evaluate_with_critic(
@@ -524,14 +509,13 @@ def _evaluate_with_critic(
     k: int,
     choice: PolicyChoice,
     critic: str,
-    sampling: SamplingParamsArgs,
+    sampling: SamplingParams,
     out: Path,
     url: str | None,
 ) -> None:
     """``eval --critic``: the actor (``choice``) and the critic (same backend, model
     ``critic``) play critique rounds on ``split``'s problems; no env server is involved."""
     from agentgym.evaluation import UsageError, build_policy, evaluate_critic, math_problems
-    from agentgym.policies.base import SamplingParams
 
     if url is not None:
         raise fail("--critic reads the problems from the math catalogue itself: drop --url", EXIT_USAGE)
@@ -540,8 +524,7 @@ def _evaluate_with_critic(
         actor = build_policy(choice.kind, **_policy_args(choice, choice.model))
         judge = build_policy(choice.kind, **_policy_args(choice, critic))
         try:
-            params = SamplingParams(temperature=sampling.temperature, max_new_tokens=sampling.max_new_tokens)
-            return await evaluate_critic(actor, judge, math_problems(split, n), out, k=k, sampling=params)
+            return await evaluate_critic(actor, judge, math_problems(split, n), out, k=k, sampling=sampling)
         finally:
             await actor.close()
             await judge.close()

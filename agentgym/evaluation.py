@@ -46,7 +46,6 @@ CRITIQUES_FILE = "critiques.jsonl"
 CRITIC_ENVS = ("math",)
 """Envs whose ``eval --critic`` is a critique round on problems; every other env critiques
 whole episodes and replays them (:func:`evaluate_episode_critic`)."""
-"""Environments ``eval --critic`` supports (its actor answers a problem in one reply)."""
 
 
 class UsageError(ValueError):
