@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -35,6 +36,18 @@ def textworld_url(agentgym_cache: str) -> Iterator[str]:
     """A real textworld server on loopback, shared by the tests that only read or use own sessions."""
     with serve_in_thread(ServerConfig(env="textworld", max_sessions=128)) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def choice_url(agentgym_cache: str) -> Iterator[str]:
+    """A real choice server on loopback, shared by the tests that only use their own sessions."""
+    with serve_in_thread(ServerConfig(env="choice")) as url:
+        yield url
+
+
+def run_metrics(run: Path) -> list[dict]:
+    """A training run's ``metrics.jsonl``, one record per step (every line must parse)."""
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
 def tiny_llama(vocab_size: int = 50, seed: int = 0) -> LlamaForCausalLM:

@@ -8,24 +8,16 @@ need to be visible.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import run_metrics
 
-from agentgym.servers.app import ServerConfig
-from agentgym.servers.launcher import serve_in_thread
+from agentgym.agents.tokens import sampled_versions
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.loop import Trainer
 from agentgym.trainers.plot import plot_run
 from agentgym.trajectory import Trajectory, read_jsonl, read_trajectories
-
-
-@pytest.fixture(scope="module")
-def choice_url(agentgym_cache: str) -> Iterator[str]:
-    with serve_in_thread(ServerConfig(env="choice", max_sessions=64)) as url:
-        yield url
 
 
 def tiny_run(model: Path, url: str, env: str, **overrides: object) -> TrainConfig:
@@ -51,16 +43,12 @@ def tiny_run(model: Path, url: str, env: str, **overrides: object) -> TrainConfi
     return TrainConfig(**(values | overrides))
 
 
-def records(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-
-
 def rollouts(run: Path, step: int) -> list[Trajectory]:
     return read_trajectories(run / "rollouts" / f"step-{step:06d}.jsonl")
 
 
-def sampled_versions(trajectory: Trajectory) -> list[int]:
-    return [v for v, m in zip(trajectory.versions, trajectory.loss_mask, strict=True) if m]
+def sampled(trajectory: Trajectory) -> list[int]:
+    return sampled_versions(trajectory.versions, trajectory.loss_mask)
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -69,13 +57,13 @@ def test_each_algorithm_trains_in_each_mode_within_the_staleness_bound(
     algo: str, mode: str, tiny_model_dir: Path, choice_url: str, tmp_path: Path
 ) -> None:
     run = Trainer(tiny_run(tiny_model_dir, choice_url, "choice", algo=algo, mode=mode), tmp_path).run()
-    history = records(run)
+    history = run_metrics(run)
     assert [r["step"] for r in history] == [1, 2, 3] and {r["mode"] for r in history} == {mode}
     for r in history:
         step = r["step"]
         # Sync plays step s with the weights after step s-1; async plays it during step s-1's update.
         behaviour = step - 1 if mode == "sync" or step == 1 else step - 2
-        versions = {v for t in rollouts(run, step) for v in sampled_versions(t)}
+        versions = {v for t in rollouts(run, step) for v in sampled(t)}
         assert versions == {behaviour}
         assert r["policy_version"] == step - 1
         assert r["staleness_max"] == r["staleness_mean"] == step - 1 - behaviour <= 1
@@ -97,7 +85,7 @@ def test_replayed_samples_train_with_their_original_log_probs_and_versions(
 ) -> None:
     config = tiny_run(tiny_model_dir, choice_url, "choice", steps=4, replay_ratio=0.5, max_staleness=2)
     run = Trainer(config, tmp_path).run()
-    history = records(run)
+    history = run_metrics(run)
     assert [r["replayed_episodes"] for r in history] == [0, 8, 8, 8]  # half of each later batch
     assert [r["staleness_max"] for r in history] == [0, 1, 2, 2]  # replay reaches the bound, never past it
     played = {(t.task_id, t.sample): t for step in range(1, 5) for t in rollouts(run, step)}
@@ -131,15 +119,15 @@ def test_partial_rollouts_resume_under_newer_policies_and_drop_what_turns_too_st
         max_staleness=2,
     )
     run = Trainer(config, tmp_path).run()
-    history = records(run)
+    history = run_metrics(run)
     assert all(r["staleness_max"] <= 2 for r in history)
     assert history[0]["paused_episodes"] > 0 and "skipped" in history[0]
     trained = [r for r in history if r["fresh_episodes"]]
     assert trained, history
-    resumed = [t for step in range(1, 6) for t in rollouts(run, step) if len(set(sampled_versions(t))) > 1]
+    resumed = [t for step in range(1, 6) for t in rollouts(run, step) if len(set(sampled(t))) > 1]
     assert resumed  # episodes whose turns were sampled by successive policies
     for trajectory in resumed:
-        versions = sampled_versions(trajectory)
+        versions = sampled(trajectory)
         assert versions == sorted(versions) and trajectory.turns == 3
     # The groups started while the previous episodes were paused would train 3 versions late.
     assert history[-1]["dropped_paused"] > 0
@@ -155,12 +143,12 @@ def test_an_async_run_resumes_with_its_replay_buffer(
     first = (tmp_path / "metrics.jsonl").read_text()
     longer = config.with_overrides({"steps": 3})
     Trainer(longer, tmp_path, resume=True).run()
-    history = records(tmp_path)
+    history = run_metrics(tmp_path)
     assert [r["step"] for r in history] == [1, 2, 3]
     assert (tmp_path / "metrics.jsonl").read_text().startswith(first)  # steps 1-2 kept, not redone
     assert len(rollouts(tmp_path, 1)) == len(rollouts(tmp_path, 2)) == 8  # played once each
     assert history[2]["replayed_episodes"] == 8  # drawn from the buffer the step-2 checkpoint kept
     assert history[2]["staleness_max"] == 2  # version-0 episodes among them
     # The in-flight collection died with the first process: step 3 is played afresh, at version 2.
-    assert {v for t in rollouts(tmp_path, 3) for v in sampled_versions(t)} == {2}
+    assert {v for t in rollouts(tmp_path, 3) for v in sampled(t)} == {2}
     assert plot_run(tmp_path).stat().st_size > 0  # staleness and ratio panels included

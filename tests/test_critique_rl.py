@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 
 import torch
+from conftest import run_metrics
 from typer.testing import CliRunner
 
 from agentgym.cli import app
@@ -67,7 +68,7 @@ def test_critique_rl_runs_warm_start_then_both_stages(tiny_model_dir: Path, tmp_
     )
     trainer = StageSpy(config, tmp_path / "run")
     run = trainer.run()
-    history = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    history = run_metrics(run)
     assert [r["phase"] for r in history] == ["bc", "critique-1", "critique-2"]
     for record in history[1:]:
         assert record["critiques"] == 4

@@ -11,13 +11,13 @@ episodes, and both build the same batches from all ranks' episodes.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_metrics
 
 BC_STEPS = 2
 SETTINGS = {
@@ -45,7 +45,7 @@ def train(run: Path, model: Path, nproc: int, **overrides: object) -> list[dict]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return run_metrics(run)
 
 
 def test_two_processes_give_the_losses_of_one(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import torch
 pytest.importorskip("textworld")
 pytest.importorskip("transformers")
 
-from agentgym.agents.tokens import encode
+from agentgym.agents.tokens import encode, sampled_versions
 from agentgym.client import AsyncEnvClient
 from agentgym.errors import UnknownSession
 from agentgym.policies.base import Generation, GenerationRequest, SamplingParams
@@ -72,11 +72,6 @@ def sessions_created(url: str) -> int:
 
 def sessions_active(url: str) -> int:
     return httpx.get(f"{url}/health").json()["sessions"]
-
-
-def sampled(trajectory: Trajectory | Any, versions: list[int]) -> list[int]:
-    """The versions on sampled tokens (loss mask 1)."""
-    return [v for v, m in zip(versions, trajectory.loss_mask, strict=True) if m]
 
 
 def perturbed(policy: HFPolicy, seed: int) -> dict[str, torch.Tensor]:
@@ -175,7 +170,9 @@ def test_paused_episodes_resume_under_new_weights_keeping_their_past(server: str
         assert trajectory.token_ids[:n] == before["ids"]
         assert trajectory.logprobs[:n] == before["logprobs"]
         assert trajectory.versions[:n] == before["versions"]
-        assert set(sampled(trajectory, trajectory.versions)[: sum(trajectory.loss_mask[:n])]) == {2}
+        assert set(
+            sampled_versions(trajectory.versions, trajectory.loss_mask)[: sum(trajectory.loss_mask[:n])]
+        ) == {2}
         resumed = [v for v, m in zip(trajectory.versions[n:], trajectory.loss_mask[n:], strict=True) if m]
         assert resumed and set(resumed) == {7}
         assert len(trajectory.versions) == len(trajectory.token_ids)

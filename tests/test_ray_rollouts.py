@@ -4,17 +4,16 @@ model copy, playing on a real env server; weights pushed from the trainer reach 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from conftest import run_metrics
 from transformers import LlamaForCausalLM
 
+from agentgym.agents.tokens import sampled_versions
 from agentgym.policies.base import SamplingParams
 from agentgym.rollout import EpisodeSpec, RolloutConfig
-from agentgym.servers.app import ServerConfig
-from agentgym.servers.launcher import serve_in_thread
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.loop import Trainer
 from agentgym.trajectory import read_trajectories
@@ -29,24 +28,23 @@ def local_ray() -> object:
     ray.shutdown()
 
 
-def test_workers_share_the_episodes_and_take_new_weights(local_ray: object, tiny_model_dir: Path) -> None:
+def test_workers_share_the_episodes_and_take_new_weights(
+    local_ray: object, tiny_model_dir: Path, choice_url: str
+) -> None:
     from agentgym.trainers.ray_rollouts import RayRollouts
 
-    with serve_in_thread(ServerConfig(env="choice")) as url:
-        pool = RayRollouts(str(tiny_model_dir), url, workers=2)
-        assert len({ray.get(w.pid.remote()) for w in pool.workers}) == 2  # two processes
-        rollout = RolloutConfig(max_turns=1, format="plain", sampling=SamplingParams(max_new_tokens=4))
-        specs = [
-            EpisodeSpec(f"choice/train/{t}", sample=k, split="train") for t in range(3) for k in range(2)
-        ]
-        trajectories = asyncio.run(pool.play(url, specs, rollout))
-        assert Counter(t.task_id for t in trajectories) == {f"choice/train/{t}": 2 for t in range(3)}
-        assert all(not t.errored and t.token_ids for t in trajectories)
+    pool = RayRollouts(str(tiny_model_dir), choice_url, workers=2)
+    assert len({ray.get(w.pid.remote()) for w in pool.workers}) == 2  # two processes
+    rollout = RolloutConfig(max_turns=1, format="plain", sampling=SamplingParams(max_new_tokens=4))
+    specs = [EpisodeSpec(f"choice/train/{t}", sample=k, split="train") for t in range(3) for k in range(2)]
+    trajectories = asyncio.run(pool.play(choice_url, specs, rollout))
+    assert Counter(t.task_id for t in trajectories) == {f"choice/train/{t}": 2 for t in range(3)}
+    assert all(not t.errored and t.token_ids for t in trajectories)
 
-        model = LlamaForCausalLM.from_pretrained(tiny_model_dir)
-        weights = [(name, value + 0.01) for name, value in model.state_dict().items()]
-        assert asyncio.run(pool.update_weights(weights)) == [1, 1]  # every worker loaded them
-        asyncio.run(pool.close())
+    model = LlamaForCausalLM.from_pretrained(tiny_model_dir)
+    weights = [(name, value + 0.01) for name, value in model.state_dict().items()]
+    assert asyncio.run(pool.update_weights(weights)) == [1, 1]  # every worker loaded them
+    asyncio.run(pool.close())
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -76,7 +74,7 @@ def test_trainer_collects_with_ray_workers(
         eval_tasks=2,
     )
     run = Trainer(config, tmp_path / "run").run()
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records = run_metrics(run)
     rl = [r for r in records if r["phase"] == "rl"]
     assert [r["episodes"] for r in rl] == [4, 4] and all(r["errored"] == 0 for r in rl)
     assert "eval_success_rate" in records[-1]
@@ -84,4 +82,4 @@ def test_trainer_collects_with_ray_workers(
     behaviour = {2: 1, 3: 2 if mode == "sync" else 1}
     for step, version in behaviour.items():
         played = read_trajectories(run / "rollouts" / f"step-{step:06d}.jsonl")
-        assert {v for t in played for v, m in zip(t.versions, t.loss_mask, strict=True) if m} == {version}
+        assert {v for t in played for v in sampled_versions(t.versions, t.loss_mask)} == {version}

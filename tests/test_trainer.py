@@ -8,7 +8,6 @@ is printed for the record (bench/RESULTS.md).
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import run_metrics
 
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.loop import Trainer
@@ -45,14 +45,10 @@ def choice_config(algo: str, **overrides: object) -> TrainConfig:
     return TrainConfig(**(values | overrides))
 
 
-def records(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-
-
 @pytest.mark.parametrize("algo", ["bapo", "grpo"])
 def test_policy_learns_the_one_turn_task_from_reward_alone(algo: str, tmp_path: Path) -> None:
     run = Trainer(choice_config(algo), tmp_path / algo).run()
-    history = records(run)
+    history = run_metrics(run)
     first, last = history[0], history[-1]
     print(
         f"\n{algo}: train success by step {[round(r['success_rate'], 2) for r in history]}, "
@@ -118,7 +114,7 @@ def test_kill_9_then_resume_continues_without_duplicated_or_missing_steps(tmp_pa
     resumed = start_training(out, "--resume")
     output, _ = resumed.communicate(timeout=900)
     assert resumed.returncode == 0, output
-    history = records(out)
+    history = run_metrics(out)
     assert [r["step"] for r in history] == [1, 2, 3]  # none twice, none missing
     assert (out / "metrics.jsonl").read_text().splitlines()[0] == first_step  # step 1 kept, not redone
     assert [r["max_turns"] for r in history] == [1, 2, 3]  # ScalingInter-RL's horizon per step

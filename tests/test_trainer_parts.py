@@ -7,15 +7,10 @@ import math
 import pytest
 import torch
 from conftest import tiny_llama
-from transformers import LlamaForCausalLM
 
 from agentgym.trainers.batch import collate, token_logprobs
 from agentgym.trainers.checkpoint import MetricsLog, RunDir
 from agentgym.trainers.config import TrainConfig
-
-
-def tiny_model(seed: int = 0) -> LlamaForCausalLM:
-    return tiny_llama(seed=seed)
 
 
 def test_config_overrides_validation_and_round_trip(tmp_path) -> None:
@@ -37,7 +32,7 @@ def test_config_overrides_validation_and_round_trip(tmp_path) -> None:
 
 
 def test_token_logprobs_align_with_tokens() -> None:
-    model = tiny_model()
+    model = tiny_llama()
     ids = torch.tensor([[3, 7, 11, 5, 2]])
     logp, entropy = token_logprobs(model, ids, torch.ones_like(ids), with_entropy=True)
     logits = model(input_ids=ids).logits[0]
@@ -52,7 +47,7 @@ def test_token_logprobs_align_with_tokens() -> None:
 
 
 def test_right_padding_does_not_change_logprobs() -> None:
-    model = tiny_model()
+    model = tiny_llama()
     short = {"token_ids": [3, 7, 11], "loss_mask": [0, 1, 1], "logprobs": [0.0, -1.0, -2.0]}
     long = {
         "token_ids": [4, 8, 12, 16, 20],
@@ -71,7 +66,7 @@ def test_right_padding_does_not_change_logprobs() -> None:
 
 
 def test_checkpoint_round_trip_restores_weights_optimizer_and_rng(tmp_path) -> None:
-    model = tiny_model()
+    model = tiny_llama()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model(input_ids=torch.tensor([[1, 2, 3]]), labels=torch.tensor([[1, 2, 3]])).loss.backward()
     optimizer.step()
@@ -81,7 +76,7 @@ def test_checkpoint_round_trip_restores_weights_optimizer_and_rng(tmp_path) -> N
     assert (folder / "replay.jsonl").read_text() == "{}\n"
     expected_draw = torch.rand(3)
 
-    restored = tiny_model(seed=1)
+    restored = tiny_llama(seed=1)
     restored_optimizer = torch.optim.AdamW(restored.parameters(), lr=1e-2)
     state = RunDir.load_checkpoint(folder, restored, restored_optimizer)
     assert state == {"step": 1, "horizon": 4}
@@ -117,7 +112,7 @@ def test_metrics_also_go_to_tensorboard(tmp_path) -> None:
 
 
 def test_logprobs_limited_to_positions_match_the_full_computation() -> None:
-    model = tiny_model()
+    model = tiny_llama()
     ids = torch.tensor([[3, 7, 11, 5, 2, 9], [4, 4, 8, 1, 0, 0]])
     attention = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
     positions = torch.tensor([[0, 0, 1, 1, 0, 1], [0, 1, 0, 1, 0, 0]])
@@ -133,17 +128,17 @@ def test_merged_lora_weights_reproduce_the_adapted_model() -> None:
 
     from agentgym.trainers.loop import _merged_weights
 
-    adapted = get_peft_model(tiny_model(), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    adapted = get_peft_model(tiny_llama(), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
     with torch.no_grad():
         for name, param in adapted.named_parameters():
             if "lora_B" in name:  # B starts at zero: make the adapters matter
                 param.normal_(0, 0.5)
     ids = torch.tensor([[3, 7, 11, 5, 2]])
     expected = adapted(input_ids=ids).logits
-    plain = tiny_model(seed=1)  # different weights until the merged ones are loaded
+    plain = tiny_llama(seed=1)  # different weights until the merged ones are loaded
     weights = dict(_merged_weights(adapted))
     assert set(weights) == set(plain.state_dict())
     plain.load_state_dict(weights)
     assert torch.allclose(plain(input_ids=ids).logits, expected, atol=1e-5)
     assert torch.allclose(adapted(input_ids=ids).logits, expected, atol=1e-6)  # adapters taken out again
-    assert not torch.allclose(tiny_model()(input_ids=ids).logits, expected, atol=1e-3)
+    assert not torch.allclose(tiny_llama()(input_ids=ids).logits, expected, atol=1e-3)

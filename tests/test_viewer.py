@@ -20,7 +20,6 @@ from agentgym.cli import app as cli_app
 from agentgym.envs.webshop.browser import CHROMIUM, CHROMIUM_ARGS
 from agentgym.policies.expert import ExpertPolicy
 from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
-from agentgym.servers.app import ServerConfig
 from agentgym.servers.launcher import serve_in_thread
 from agentgym.trajectory import read_jsonl, write_trajectories
 from agentgym.viewer import create_app
@@ -128,12 +127,11 @@ def test_metrics_since(client: TestClient) -> None:
     assert client.get("/api/metrics?since=1").json() == {"rows": METRICS[1:], "next": 2}
 
 
-def test_real_rollout_records_without_tokenizer(tmp_path: Path, agentgym_cache: str) -> None:
+def test_real_rollout_records_without_tokenizer(tmp_path: Path, choice_url: str) -> None:
     """Records from the rollout engine itself (expert on ``choice``) show turn by turn; with
     no tokenizer on the machine, token text is absent and nothing fails."""
-    with serve_in_thread(ServerConfig(env="choice")) as url:
-        specs = [EpisodeSpec(f"choice/test/{i}", 0, "test") for i in range(3)]
-        played = asyncio.run(run_episodes(url, ExpertPolicy(), specs, RolloutConfig()))
+    specs = [EpisodeSpec(f"choice/test/{i}", 0, "test") for i in range(3)]
+    played = asyncio.run(run_episodes(choice_url, ExpertPolicy(), specs, RolloutConfig()))
     write_trajectories(tmp_path / "expert.jsonl", played)
     with TestClient(create_app(tmp_path / "expert.jsonl")) as test_client:
         assert test_client.get("/api/episodes?success=true").json()["total"] == 3

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentgym.agents.tokens import NOT_SAMPLED, oldest_version
+from agentgym.agents.tokens import NOT_SAMPLED, oldest_version, sampled_versions
 from agentgym.trajectory import Trajectory, read_jsonl
 
 
@@ -34,8 +34,8 @@ def token_staleness(trajectories: Iterable[Trajectory], version: int) -> list[in
     return [
         version - v
         for trajectory in trajectories
-        for v, sampled in zip(trajectory.versions or (), trajectory.loss_mask or (), strict=False)
-        if sampled and v != NOT_SAMPLED
+        for v in sampled_versions(trajectory.versions, trajectory.loss_mask)
+        if v != NOT_SAMPLED
     ]
 
 

@@ -71,6 +71,13 @@ NOT_SAMPLED = -1
 tokens of backends that do not report versions."""
 
 
+def sampled_versions(versions: list[int] | None, loss_mask: list[int] | None) -> list[int]:
+    """The versions on sampled tokens (loss mask 1), in order; none without versions."""
+    if versions is None:
+        return []
+    return [v for v, sampled in zip(versions, loss_mask or (), strict=True) if sampled]
+
+
 def oldest_version(versions: list[int] | None) -> int | None:
     """The oldest weights version among sampled tokens (None: none, or none recorded)."""
     return min((v for v in versions or () if v != NOT_SAMPLED), default=None)
