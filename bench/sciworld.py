@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))  # to share bench/server.py's figures (run as a script)
-from server import Figures, percentile
+from server import ENDLESS, Figures, figures
 
 from agentgym.envs.sciworld import SciWorldEnv
 from agentgym.envs.sciworld.jvm import rss_with_children
@@ -50,15 +50,8 @@ SHORT_TYPES = (
     "lifespan-longest-lived",
 )
 RSS_TASKS = [t for t in TASKS if t.split("/")[0] in SHORT_TYPES]
-ENDLESS = {"max_turns": 10**9}
 SERVER_POOL = ["max_jvms=24", "spare_jvms=2", "max_idle_jvms=16"]
 """Warm JVMs stay idle between configurations, as in a long-running server."""
-
-
-def figures(mode: str, sessions: int, latencies: list[float], seconds: float) -> Figures:
-    return Figures(
-        mode, sessions, len(latencies), seconds, percentile(latencies, 50), percentile(latencies, 99)
-    )
 
 
 def in_process(mode: str, seconds: float, warmup: float) -> Figures:

@@ -47,6 +47,13 @@ class Figures:
         return self.steps / self.seconds
 
 
+def figures(mode: str, sessions: int, latencies: list[float], seconds: float) -> Figures:
+    """Steps, wall time and latency percentiles of one measured run."""
+    return Figures(
+        mode, sessions, len(latencies), seconds, percentile(latencies, 50), percentile(latencies, 99)
+    )
+
+
 def percentile(samples: list[float], q: float) -> float:
     return statistics.quantiles(samples, n=100, method="inclusive")[q - 1] * 1000 if len(samples) > 1 else 0.0
 
@@ -67,9 +74,7 @@ def in_process(env_name: str, task_ids: list[str], sessions: int, seconds: float
     elapsed = time.perf_counter() - start
     for env in envs:
         env.close()
-    return Figures(
-        "in-process", sessions, len(latencies), elapsed, percentile(latencies, 50), percentile(latencies, 99)
-    )
+    return figures("in-process", sessions, latencies, elapsed)
 
 
 async def over_http(url: str, task_ids: list[str], sessions: int, seconds: float) -> Figures:
@@ -92,9 +97,7 @@ async def over_http(url: str, task_ids: list[str], sessions: int, seconds: float
         await asyncio.gather(*(step_until(client, c.session_id, start + seconds) for c in created))
         elapsed = time.perf_counter() - start
         await asyncio.gather(*(client.delete(c.session_id) for c in created))
-    return Figures(
-        "http", sessions, len(latencies), elapsed, percentile(latencies, 50), percentile(latencies, 99)
-    )
+    return figures("http", sessions, latencies, elapsed)
 
 
 async def episodes_rss(url: str, pid: int, task_ids: list[str], episodes: int, concurrency: int = 8) -> dict:
