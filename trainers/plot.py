@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentgym.trainers.checkpoint import MetricsLog
-
 PANELS = (
     ("train success", ("success_rate",)),
     ("reward", ("reward_mean",)),
@@ -26,6 +24,8 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
     matplotlib.use("Agg")  # no display on servers
     import matplotlib.pyplot as plt
+
+    from agentgym.trainers.checkpoint import MetricsLog  # imports torch: only when plotting
 
     run_dir = Path(run_dir)
     records = MetricsLog(run_dir / "metrics.jsonl").read()

@@ -4,7 +4,8 @@ Routes (all GET):
 
 * ``/`` – the page (``static/index.html``; every asset is served from the package, no CDN).
 * ``/health`` – liveness, as on the env servers.
-* ``/api/info`` – what is being viewed: root, filter menus, whether there are metrics.
+* ``/api/info`` – what is being viewed: root, filter menus, whether there are metrics, the
+  dashboard panels (those of ``agentgym plot``).
 * ``/api/episodes?offset&limit&env&task&success&min_reward&max_reward&step&source`` – one
   page of episode summaries, filtered server-side; 400 on a malformed parameter.
 * ``/api/episodes/{id}`` – one episode: turns and token runs (404 for an unknown id).
@@ -25,6 +26,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
+from agentgym.errors import AgentGymError, NotFound
+from agentgym.trainers.plot import PANELS
 from agentgym.viewer.episode import episode_view
 from agentgym.viewer.index import EpisodeFilter, EpisodeIndex, page, read_metrics
 from agentgym.viewer.tokens import TokenDecoder, load_decoder
@@ -34,12 +37,11 @@ MAX_LIMIT = 500
 """Largest page: the list renders a page at a time, so the browser never holds 10k rows."""
 
 
-class BadRequest(ValueError):
-    """A query parameter that does not parse; answered with 400."""
+class BadRequest(AgentGymError):
+    """A query parameter that does not parse."""
 
-
-class NotFound(LookupError):
-    """An unknown episode id; answered with 404."""
+    status = 400
+    code = "bad_request"
 
 
 def create_app(
@@ -77,13 +79,9 @@ def create_app(
             raise NotFound(f"no episode {episode_id}") from None
         return episode_view(asdict(index.summaries[number]), record, decoder_for(record))
 
-    @app.exception_handler(BadRequest)
-    async def bad_request(_: Request, exc: BadRequest) -> JSONResponse:
-        return _error(400, "bad_request", str(exc))
-
-    @app.exception_handler(NotFound)
-    async def not_found(_: Request, exc: NotFound) -> JSONResponse:
-        return _error(404, "not_found", str(exc))
+    @app.exception_handler(AgentGymError)
+    async def error(_: Request, exc: AgentGymError) -> JSONResponse:
+        return JSONResponse(exc.to_body(), status_code=exc.status)
 
     @app.get("/", include_in_schema=False)
     def home() -> FileResponse:
@@ -102,6 +100,7 @@ def create_app(
             "run": index.root.is_dir(),
             "has_metrics": bool(metrics and metrics.exists()),
             "poll_s": poll_s,
+            "panels": PANELS,  # the dashboard draws what `agentgym plot` draws
             **index.facets(),
         }
 
@@ -176,7 +175,3 @@ def _config_model(root: Path) -> str | None:
     except yaml.YAMLError:
         return None
     return str(loaded["model"]) if isinstance(loaded, dict) and loaded.get("model") else None
-
-
-def _error(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)

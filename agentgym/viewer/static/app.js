@@ -6,20 +6,18 @@
 const PAGE_SIZE = 50;
 const state = { request: 0, offset: 0, total: 0, info: null, metrics: [], metricsNext: 0 };
 
-// Dashboard panels: [title, [[label, row => value | undefined], ...]]. Same metrics as
-// `agentgym plot`, plus throughput: sampled tokens per second of rollout wall time.
-const PANELS = [
-  ["train success", [["success_rate", (r) => r.success_rate]]],
-  ["reward (mean score)", [["reward_mean", (r) => r.reward_mean]]],
-  ["held-out success", [["eval_success_rate", (r) => r.eval_success_rate]]],
-  ["max turns (schedule)", [["max_turns", (r) => r.max_turns]]],
-  ["BAPO bounds", [["c_low (clip_low)", (r) => r.clip_low], ["c_high (clip_high)", (r) => r.clip_high]]],
-  ["positive share ρ", [["positive_share", (r) => r.positive_share]]],
-  ["entropy", [["entropy", (r) => r.entropy]]],
-  ["loss", [["loss", (r) => r.loss]]],
+// Dashboard panels: [title, [[label, row => value | undefined], ...]]. Those of
+// `agentgym plot` come from /api/info (one list for both); these are the viewer's own:
+// throughput (sampled tokens per second of rollout wall time) and episode length.
+const VIEWER_PANELS = [
   ["tokens/s (rollout)", [["tokens/s", (r) => (r.rollout_s > 0 ? r.generated_tokens / r.rollout_s : undefined)]]],
   ["mean turns", [["turns_mean", (r) => r.turns_mean]]],
 ];
+
+function panels() {
+  const plotted = state.info.panels.map(([title, keys]) => [title, keys.map((key) => [key, (r) => r[key]])]);
+  return [...plotted, ...VIEWER_PANELS];
+}
 
 // ----- small helpers ------------------------------------------------------------------
 
@@ -218,7 +216,7 @@ async function pollMetrics() {
 function drawDashboard() {
   const charts = document.getElementById("charts");
   charts.replaceChildren();
-  for (const [title, lines] of PANELS) {
+  for (const [title, lines] of panels()) {
     const series = lines.map(([name, get]) => ({
       name,
       points: state.metrics
