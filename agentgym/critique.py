@@ -315,11 +315,15 @@ async def _sample(
 ) -> list[list[Generation]]:
     """``n`` generations per prompt: ``result[prompt][sample]``. The ``n`` batched calls run
     concurrently, so a batching backend decodes them together."""
-    calls = [
-        policy.generate([GenerationRequest(m) for m in prompts], _nth_seed(sampling, j)) for j in range(n)
-    ]
-    per_sample = await asyncio.gather(*calls)
-    return [list(samples) for samples in zip(*per_sample, strict=True)] if prompts else []
+    per_sample = await asyncio.gather(*(_generate(policy, prompts, _nth_seed(sampling, j)) for j in range(n)))
+    return [list(samples) for samples in zip(*per_sample, strict=True)]
+
+
+async def _generate(
+    policy: Policy, prompts: list[list[Message]], sampling: SamplingParams
+) -> list[Generation]:
+    """One batched call answering ``prompts`` in order; no call for no prompts."""
+    return await policy.generate([GenerationRequest(m) for m in prompts], sampling) if prompts else []
 
 
 def _nth_seed(sampling: SamplingParams, j: int) -> SamplingParams:
@@ -351,7 +355,7 @@ async def _refine(
 ) -> None:
     todo = [r for r in records if refine_when_correct or r.outcome.verdict is not True]
     prompts = [refine_messages(r.problem.question, r.answer.text, r.critique.text) for r in todo]
-    refined = await actor.generate([GenerationRequest(m) for m in prompts], sampling) if todo else []
+    refined = await _generate(actor, prompts, sampling)
     for record, generation in zip(todo, refined, strict=True):
         record.refined = generation
         correct = check(generation.text, record.problem.answer)
@@ -420,7 +424,7 @@ async def critique_trajectories(
     The actor's refinement is a replay of the task with :func:`replay_note` of the critique
     added to its first observation."""
     prompts = [trajectory_critic_messages(t.messages) for t in trajectories]
-    critiques = await critic.generate([GenerationRequest(m) for m in prompts], sampling) if prompts else []
+    critiques = await _generate(critic, prompts, sampling)
     return [
         TrajectoryCritique(t, prompt, critique, parse_verdict(critique.text))
         for t, prompt, critique in zip(trajectories, prompts, critiques, strict=True)
