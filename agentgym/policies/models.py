@@ -69,12 +69,21 @@ def resolve_model(spec: str) -> str:
     """Map ``spec`` (alias, ``.gguf`` path, folder or Hugging Face id) to what
     ``from_pretrained`` should load: a converted cache folder for aliases and GGUF files,
     ``spec`` itself otherwise. Converts at most once per cache folder."""
+    folder = converted_folder(spec)
     if spec in ALIASES:
-        alias = ALIASES[spec]
-        return str(ensure_converted(alias_gguf_path(alias), cache_dir("models") / alias.cache_name))
-    if spec.endswith(".gguf") and Path(spec).is_file():
-        return str(ensure_converted(Path(spec), cache_dir("models") / Path(spec).stem))
+        return str(ensure_converted(alias_gguf_path(ALIASES[spec]), folder))
+    if folder is not None and Path(spec).is_file():
+        return str(ensure_converted(Path(spec), folder))
     return spec
+
+
+def converted_folder(spec: str) -> Path | None:
+    """The cache folder an alias or a ``.gguf`` file is converted into (None for other specs)."""
+    if spec in ALIASES:
+        return cache_dir("models") / ALIASES[spec].cache_name
+    if spec.endswith(".gguf"):
+        return cache_dir("models") / Path(spec).stem
+    return None
 
 
 def alias_gguf_path(alias: GGUFAlias) -> Path:

@@ -39,12 +39,11 @@ class HFDecoder:
 
 def local_model_folder(spec: str) -> Path | None:
     """Where ``spec``'s tokenizer is on disk without downloading or converting anything."""
-    from agentgym.cache import cache_dir
-    from agentgym.policies.models import ALIASES
+    from agentgym.policies.models import converted_folder
 
-    if spec in ALIASES:
-        folder = cache_dir("models") / ALIASES[spec].cache_name
-        return folder if (folder / "tokenizer_config.json").is_file() else None
+    converted = converted_folder(spec)
+    if converted is not None:
+        return converted if (converted / "tokenizer_config.json").is_file() else None
     folder = Path(spec).expanduser()
     if folder.is_dir() and (folder / "tokenizer_config.json").is_file():
         return folder
