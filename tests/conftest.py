@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,6 +65,17 @@ def tiny_llama(vocab_size: int = 50, seed: int = 0) -> LlamaForCausalLM:
         tie_word_embeddings=True,
     )
     return LlamaForCausalLM(config)
+
+
+def read_until(proc: subprocess.Popen, marker: str, timeout: float) -> str:
+    """A child's output lines until one holds ``marker`` (or it exits, or ``timeout`` s pass)."""
+    output, deadline = "", time.monotonic() + timeout
+    while marker not in output and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        output += line
+    return output
 
 
 def stop_with_ctrl_c(proc: subprocess.Popen, children: list[psutil.Process], output: str) -> None:

@@ -6,11 +6,10 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 import httpx
 import psutil
-from conftest import stop_with_ctrl_c
+from conftest import read_until, stop_with_ctrl_c
 from typer.testing import CliRunner
 
 from agentgym.cli import app
@@ -56,13 +55,7 @@ def test_up_starts_servers_prints_urls_and_stops_them_on_ctrl_c(tmp_path) -> Non
         env={**os.environ, "COLUMNS": "200"},
     )
     try:
-        output = ""
-        deadline = time.monotonic() + 180
-        while "Ctrl-C" not in output and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            output += line
+        output = read_until(proc, "Ctrl-C", 180)
         urls = re.findall(r"http://127\.0\.0\.1:\d+", output)
         assert urls, output
         assert httpx.get(f"{urls[0]}/health").json()["env"] == "textworld"

@@ -8,14 +8,13 @@ import os
 import re
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Iterator
 
 import httpx
 import psutil
 import pytest
-from conftest import stop_with_ctrl_c
+from conftest import read_until, stop_with_ctrl_c
 from typer.testing import CliRunner
 
 from agentgym.checker import run_checks
@@ -173,7 +172,7 @@ def test_up_with_replicas_serves_through_a_gateway_and_stops_on_ctrl_c(tmp_path)
         env={**os.environ, "COLUMNS": "200"},
     )
     try:
-        output = _read_until(proc, "Ctrl-C", timeout=90)
+        output = read_until(proc, "Ctrl-C", timeout=90)
         env_url = f"http://127.0.0.1:{port}/envs/choice"
         assert f"choice: {env_url}" in output, output
         assert len(re.findall(r"^.*choice .*http://127\.0\.0\.1:\d+", output, re.M)) == 2, output
@@ -187,16 +186,6 @@ def test_up_with_replicas_serves_through_a_gateway_and_stops_on_ctrl_c(tmp_path)
     finally:
         if proc.poll() is None:
             proc.kill()
-
-
-def _read_until(proc: subprocess.Popen, marker: str, timeout: float) -> str:
-    output, deadline = "", time.monotonic() + timeout
-    while marker not in output and time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        output += line
-    return output
 
 
 def test_gateway_and_up_reject_bad_replica_specs(tmp_path) -> None:
