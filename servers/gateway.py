@@ -133,19 +133,23 @@ class Fleet:
         everyone = [r for replicas in self.envs.values() for r in replicas]
         await asyncio.gather(*(_poll_one(http, r) for r in everyone))
 
+    def env_report(self, env: str) -> dict[str, Any]:
+        """One env's replica count, healthy count, sessions and capacity (of healthy
+        replicas) and each replica's report; :class:`UnknownEnv` for an env not served."""
+        replicas = self.replicas(env)
+        healthy = [r for r in replicas if r.healthy]
+        return {
+            "replicas": len(replicas),
+            "healthy": len(healthy),
+            "sessions": sum(r.sessions for r in healthy),
+            "capacity": sum(r.capacity for r in healthy),
+            "members": [r.report() for r in replicas],
+        }
+
     def report(self) -> dict[str, Any]:
         """Per env: replica count, healthy count, sessions and capacity (of healthy replicas);
         ``status`` is ``ok`` when every replica is healthy, else ``degraded``."""
-        envs = {}
-        for env, replicas in self.envs.items():
-            healthy = [r for r in replicas if r.healthy]
-            envs[env] = {
-                "replicas": len(replicas),
-                "healthy": len(healthy),
-                "sessions": sum(r.sessions for r in healthy),
-                "capacity": sum(r.capacity for r in healthy),
-                "members": [r.report() for r in replicas],
-            }
+        envs = {env: self.env_report(env) for env in self.envs}
         status = "ok" if all(e["healthy"] == e["replicas"] for e in envs.values()) else "degraded"
         return {"status": status, "envs": envs}
 
@@ -238,8 +242,7 @@ class Gateway:
 
     async def env_health(self, env: str) -> dict[str, Any]:
         """The env's wire ``/health``, summed over its healthy replicas; 503 when none is."""
-        self.fleet.replicas(env)  # 404 for an env the gateway does not serve
-        report = self.fleet.report()["envs"][env]
+        report = self.fleet.env_report(env)  # 404 for an env the gateway does not serve
         if not report["healthy"]:
             raise self._no_replica(env)
         return {"status": "ok", "env": env} | {k: v for k, v in report.items() if k != "members"}
