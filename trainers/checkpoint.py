@@ -1,24 +1,62 @@
 """A run folder: resolved config, metrics log and checkpoints, all crash-safe.
 
-Checkpoints are written to a temporary folder and renamed into place, then ``latest``
-is replaced atomically, so a ``kill -9`` at any moment leaves the previous checkpoint
-intact. Resuming truncates the metrics log to the checkpoint's step, so the log never
-holds a step twice or misses one.
+A checkpoint is written to a ``.step-*`` staging folder (each file fsynced, then
+``manifest.json`` with every file's size and sha256, last), renamed to ``step-NNNNNN``
+and the directory fsynced before ``latest`` is replaced. After a ``kill -9`` or a power
+loss, ``latest_checkpoint`` returns the newest folder whose manifest matches its files
+(``latest`` is a hint); the next save deletes leftover staging folders and the step
+folders after its own (an abandoned run's). Files load with
+``torch.load(weights_only=True)``, so a run folder cannot run code; folders from before the
+manifest (format 1) still load. Resuming truncates the metrics log to the checkpoint's
+step, so the log never holds a step twice or misses one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
+import pickle
 import random
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
 CHECKPOINTS = "checkpoints"
+MANIFEST = "manifest.json"
+FORMAT = "agentgym-checkpoint/2"  # in each manifest; format 1 is the manifest-less layout before it
+LEGACY_FILES = ("trainable.pt", "optimizer.pt", "state.json")
+STEP_PREFIX = "step-"
+
+log = logging.getLogger(__name__)
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename or a new entry in ``path`` durable (a file's fsync does not cover it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durably(path: Path, write: Callable[[IO[bytes]], Any]) -> dict[str, Any]:
+    """Write ``path`` with ``write``, fsync it, return its manifest entry (size, sha256)."""
+    with open(path, "wb") as fh:
+        write(fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return {"size": path.stat().st_size, "sha256": _sha256(path)}
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -27,6 +65,18 @@ def _atomic_write_text(path: Path, text: str) -> None:
         tmp.flush()
         os.fsync(tmp.fileno())
     os.replace(tmp.name, path)
+    _fsync_dir(path.parent)
+
+
+def _safe_load(path: Path) -> Any:
+    """Tensors and plain data only: a pickle building other objects could run code."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        reason = str(error).splitlines()[0]
+        raise ValueError(f"refusing to load {path}: not only tensors and plain data ({reason})") from error
+    except Exception as error:  # torn or foreign files fail in many ways (EOF, zip, index)
+        raise ValueError(f"cannot read {path}: {type(error).__name__}: {error}") from error
 
 
 def rng_state() -> dict[str, Any]:
@@ -43,21 +93,89 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def checkpoint_problem(folder: Path) -> str | None:
+    """Why ``folder`` is not a complete checkpoint (missing, torn), or None. A manifest of
+    another format raises ValueError: skipping it would resume from an older step and
+    then overwrite the newer folders."""
+    if not folder.is_dir():
+        return "not a folder"
+    if not (folder / MANIFEST).exists():
+        return _legacy_problem(folder)
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        found = manifest.get("format")
+    except (ValueError, AttributeError):
+        return f"unreadable {MANIFEST}"
+    if found != FORMAT:
+        raise ValueError(
+            f"checkpoint {folder} has format {found!r}; this agentgym reads {FORMAT!r} and format 1"
+        )
+    try:
+        files = {name: (int(e["size"]), str(e["sha256"])) for name, e in manifest["files"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return f"{MANIFEST} has no valid file list"
+    if unlisted := set(LEGACY_FILES) - set(files):
+        return f"{MANIFEST} does not list {sorted(unlisted)}"
+    for name, (size, sha256) in files.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != size or _sha256(path) != sha256:
+            return f"{name} does not match {MANIFEST} (torn or modified)"
+    return None
+
+
+def _legacy_problem(folder: Path) -> str | None:
+    """Format 1 (no manifest): the three files, non-empty, and a ``state.json`` with a step."""
+    found = sorted(p.name for p in folder.iterdir())
+    if not set(LEGACY_FILES) <= set(found):
+        return f"unrecognised checkpoint format: no {MANIFEST}, files {found}"
+    try:
+        step = json.loads((folder / "state.json").read_text())["step"]
+    except (ValueError, KeyError, TypeError):
+        step = None
+    if not isinstance(step, int) or any((folder / n).stat().st_size == 0 for n in LEGACY_FILES):
+        return "torn format 1 checkpoint (an empty file, or no step in state.json)"
+    return None
+
+
 class RunDir:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        (self.path / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
+        self.checkpoints = self.path / CHECKPOINTS
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
 
     @property
     def metrics_path(self) -> Path:
         return self.path / "metrics.jsonl"
 
     def latest_checkpoint(self) -> Path | None:
-        pointer = self.path / CHECKPOINTS / "latest"
-        if not pointer.exists():
-            return None
-        folder = self.path / CHECKPOINTS / pointer.read_text().strip()
-        return folder if folder.is_dir() else None
+        """The newest complete checkpoint, whatever ``latest`` says (a crash can leave it
+        naming a torn or missing folder, or one step behind); None if there is none. Raises
+        ValueError on a checkpoint of another format rather than resume from before it."""
+        folders = sorted(self._step_folders().items(), key=lambda item: -item[1])
+        for folder, _ in folders:
+            problem = checkpoint_problem(folder)
+            if problem is None:
+                return folder
+            log.warning("skipping checkpoint %s: %s", folder, problem)
+        if folders:
+            log.warning("none of the %d step folders in %s is complete", len(folders), self.checkpoints)
+        return None
+
+    def _step_folders(self) -> dict[Path, int]:
+        found = {p: p.name.removeprefix(STEP_PREFIX) for p in self.checkpoints.glob(f"{STEP_PREFIX}*")}
+        return {p: int(n) for p, n in found.items() if n.isdigit() and p.is_dir()}
+
+    def _remove_leftovers(self, step: int) -> None:
+        """Delete the ``.step-*`` staging folders of killed saves, and step folders after
+        ``step``: a run saving ``step`` resumed from before them, and ``latest_checkpoint``
+        (which trusts folders over ``latest``) must not resume from an abandoned future."""
+        abandoned = [p for p, n in self._step_folders().items() if n > step]
+        for leftover in [*self.checkpoints.glob(f".{STEP_PREFIX}*"), *abandoned]:
+            if leftover.is_dir():
+                log.info("removing %s (left by an interrupted or abandoned run)", leftover)
+                shutil.rmtree(leftover, ignore_errors=True)
 
     def save_checkpoint(
         self,
@@ -68,33 +186,59 @@ class RunDir:
         files: dict[str, str] | None = None,
     ) -> Path:
         """Save trainable weights, optimizer, RNG, ``state`` (JSON-able) and ``files``
-        (name: text, e.g. the replay buffer) for ``step``."""
-        name = f"step-{step:06d}"
-        final = self.path / CHECKPOINTS / name
-        staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=self.path / CHECKPOINTS))
+        (name: text, e.g. the replay buffer) for ``step``. Only one process may save into
+        a run folder: this removes the staging folders of killed saves and any step
+        folders after ``step``."""
+        files = files or {}
+        reserved = {*LEGACY_FILES, MANIFEST}
+        if bad := [n for n in files if n in reserved or Path(n).name != n or n.startswith(".")]:
+            raise ValueError(f"checkpoint file names must be plain and not {sorted(reserved)}: {bad}")
+        self._remove_leftovers(step)
+        name = f"{STEP_PREFIX}{step:06d}"
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=self.checkpoints))
         trainable = {k: v.detach().cpu() for k, v in model.named_parameters() if v.requires_grad}
-        torch.save(trainable, staging / "trainable.pt")
-        torch.save({"optimizer": optimizer.state_dict(), "rng": rng_state()}, staging / "optimizer.pt")
-        (staging / "state.json").write_text(json.dumps({"step": step, **state}, indent=2))
-        for filename, text in (files or {}).items():
-            (staging / filename).write_text(text)
+        saved = {"optimizer": optimizer.state_dict(), "rng": rng_state()}
+        texts = {"state.json": json.dumps({"step": step, **state}, indent=2), **files}
+        writers: dict[str, Callable[[IO[bytes]], Any]] = {
+            "trainable.pt": lambda fh: torch.save(trainable, fh),
+            "optimizer.pt": lambda fh: torch.save(saved, fh),
+            **{n: (lambda fh, t=text: fh.write(t.encode())) for n, text in texts.items()},
+        }
+        manifest = {n: _write_durably(staging / n, write) for n, write in writers.items()}
+        # The manifest goes last: a folder whose manifest matches its files is complete.
+        record = json.dumps({"format": FORMAT, "files": manifest}, indent=2).encode()
+        _write_durably(staging / MANIFEST, lambda fh: fh.write(record))
+        _fsync_dir(staging)
+        return self._publish(staging, name)
+
+    def _publish(self, staging: Path, name: str) -> Path:
+        """Rename ``staging`` to ``name`` (an older folder of that name is moved aside under
+        a staging name first, so a crash here leaves it to cleanup), then point ``latest``."""
+        final = self.checkpoints / name
+        replaced = self.checkpoints / f".{name}-replaced"
         if final.exists():
-            shutil.rmtree(final)
+            os.replace(final, replaced)
         os.replace(staging, final)
-        _atomic_write_text(self.path / CHECKPOINTS / "latest", name)
+        _fsync_dir(self.checkpoints)
+        _atomic_write_text(self.checkpoints / "latest", name)
+        shutil.rmtree(replaced, ignore_errors=True)
         return final
 
     @staticmethod
     def load_checkpoint(
         folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
     ) -> dict[str, Any]:
-        """Restore weights, optimizer and RNG from ``folder``; return its state (with ``step``)."""
-        trainable = torch.load(folder / "trainable.pt", weights_only=True)
+        """Restore weights, optimizer and RNG from ``folder``; return its state (with ``step``).
+        Raises ValueError for a torn, unknown-format or unsafe checkpoint."""
+        folder = Path(folder)
+        if problem := checkpoint_problem(folder):
+            raise ValueError(f"cannot load checkpoint {folder}: {problem}")
+        trainable = _safe_load(folder / "trainable.pt")
         missing = set(trainable) - {k for k, v in model.named_parameters() if v.requires_grad}
         if missing:
             raise ValueError(f"checkpoint {folder} does not match the model: unknown {sorted(missing)[:3]}")
+        saved = _safe_load(folder / "optimizer.pt")
         model.load_state_dict(trainable, strict=False)
-        saved = torch.load(folder / "optimizer.pt", weights_only=False)
         optimizer.load_state_dict(saved["optimizer"])
         set_rng_state(saved["rng"])
         return json.loads((folder / "state.json").read_text())
@@ -117,16 +261,19 @@ class MetricsLog:
             # purge_step drops events a killed run wrote past the checkpoint, as for the JSONL.
             self._tensorboard = SummaryWriter(str(tensorboard_dir), purge_step=(resume_step or 0) + 1)
 
-    def _truncate_after(self, step: int) -> None:
-        """Keep the records up to ``step`` (a torn last line from a crash is dropped)."""
-        kept = []
-        for line in self.path.read_text().splitlines():
+    def _lines(self) -> list[tuple[str, dict[str, Any]]]:
+        """Each line with its record; a torn line (a crash mid-write) is skipped."""
+        parsed = []
+        for line in self.path.read_text().splitlines() if self.path.exists() else []:
             try:
-                record = json.loads(line)
+                parsed.append((line, json.loads(line)))
             except json.JSONDecodeError:
                 continue
-            if record.get("step", 0) <= step:
-                kept.append(line)
+        return parsed
+
+    def _truncate_after(self, step: int) -> None:
+        """Keep the records up to ``step`` (a torn last line from a crash is dropped)."""
+        kept = [line for line, record in self._lines() if record.get("step", 0) <= step]
         _atomic_write_text(self.path, "".join(f"{line}\n" for line in kept))
 
     def log(self, record: dict[str, Any]) -> None:
@@ -141,12 +288,4 @@ class MetricsLog:
             self._tensorboard.flush()
 
     def read(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        records = []
-        for line in self.path.read_text().splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        return records
+        return [record for _, record in self._lines()]
