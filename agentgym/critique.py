@@ -131,8 +131,10 @@ def discrimination_reward(verdict: bool | None, answer_correct: bool) -> float:
 def refinement_reward(
     refined_correct: bool, verdict: bool | None, answer_correct: bool, beta: float = STAGE2_VERDICT_WEIGHT
 ) -> float:
-    """Stage II: ``1[refined answer correct] + β1 · discrimination_reward`` (β1 = 0.2)."""
-    return float(refined_correct) + beta * discrimination_reward(verdict, answer_correct)
+    """Stage II, the paper's ``1[refined answer correct] + β1 · 1[verdict correct]`` (β1 = 0.2):
+    the verdict term is an indicator in {0, 1}, not Stage I's ±1 (that would double its weight)."""
+    verdict_correct = verdict is not None and verdict == answer_correct
+    return float(refined_correct) + beta * float(verdict_correct)
 
 
 @dataclass(frozen=True)
@@ -277,6 +279,7 @@ async def critique_round(
     sampling: SamplingParams,
     *,
     critic_sampling: SamplingParams | None = None,
+    refine_sampling: SamplingParams | None = None,
     n_answers: int = 1,
     n_critiques: int = 1,
     refine_when_correct: bool = True,
@@ -288,6 +291,8 @@ async def critique_round(
     Args:
         sampling / critic_sampling: the actor's and the critic's sampling (the critic's
             defaults to the actor's). With a ``seed``, sample ``j`` uses ``seed + j``.
+        refine_sampling: the actor's sampling when it refines (default ``sampling``;
+            Critique-RL refines greedily).
         refine_when_correct: ``False`` keeps the answer as the refinement when the critic
             says Correct (test-time critique-then-refine); Critique-RL always refines.
         check: ``check(reply, gold)``: whether a reply's final answer is right.
@@ -306,7 +311,7 @@ async def critique_round(
         for k, (i, a) in enumerate(pairs)
         for c in range(n_critiques)
     ]
-    await _refine(actor, records, sampling, refine_when_correct, check)
+    await _refine(actor, records, refine_sampling or sampling, refine_when_correct, check)
     return records
 
 

@@ -9,19 +9,20 @@ import torch
 
 from agentgym.trainers.algorithms import (
     BapoConfig,
-    ClipConfig,
     agentevol_weights,
     aggregate,
     bapo_bounds,
+    clip_fractions,
     clipped_surrogate,
     dynamic_sampling_keep,
     entropy_from_logits,
     grpo_advantages,
+    importance_ratio,
     kl_k3,
-    policy_loss,
     positive_share,
     reinforce_pp_advantages,
     rloo_advantages,
+    token_weights,
     weighted_nll,
 )
 from agentgym.trainers.schedules import FixedHorizon, ScalingInterHorizon
@@ -67,8 +68,23 @@ def test_aggregation_modes_by_hand() -> None:
     mask = T([[1, 1, 1], [1, 0, 0]])
     assert aggregate(loss, mask, "token-mean").item() == pytest.approx((1 + 2 + 3 + 4) / 4)
     assert aggregate(loss, mask, "seq-mean").item() == pytest.approx((2.0 + 4.0) / 2)
+    # Dr. GRPO: token sums over a constant budget (10), averaged over episodes: (6/10 + 4/10) / 2
+    assert aggregate(loss, mask, "seq-sum-norm", norm_tokens=10).item() == pytest.approx(0.5)
     with pytest.raises(ValueError, match="unknown aggregation"):
         aggregate(loss, mask, "sum")
+
+
+def test_token_mean_weights_of_parts_sum_to_the_whole_minibatch() -> None:
+    # The example: 4 episodes of 2 tokens with loss 1, 4 of 20 tokens with loss 0.
+    # True token mean 8/88 = 0.0909; a mean of two micro-batch means (sorted by length) is 0.5.
+    mask = torch.zeros(8, 20)
+    mask[:4, :2] = 1
+    mask[4:] = 1
+    loss = torch.zeros(8, 20)
+    loss[:4, :2] = 1
+    weights = token_weights(mask, "token-mean")
+    parts = [(loss[rows] * weights[rows]).sum() for rows in (slice(0, 4), slice(4, 8))]
+    assert sum(parts).item() == pytest.approx(8 / 88)
 
 
 def test_k3_kl_and_entropy_by_hand() -> None:
@@ -90,27 +106,44 @@ def test_ppo_clip_loss_by_hand() -> None:
     # min(r, clip(r, 0.8, 1.2)) = [0.5, 1.0, 1.2] -> loss = -(0.5 + 1.0 + 1.2)/3 = -0.9
     logp, old = ratios_to_logps([0.5, 1.0, 1.5])
     mask = torch.ones(1, 3)
-    loss, stats = policy_loss("ppo", logp, old, T([1.0]), mask)
-    assert loss.item() == pytest.approx(-0.9, abs=1e-6)
-    assert stats.clip_frac_high == pytest.approx(1 / 3) and stats.clip_frac_low == 0.0
+    loss = clipped_surrogate(logp, old, T([1.0]), clip_low=0.8, clip_high=1.2)
+    assert aggregate(loss, mask).item() == pytest.approx(-0.9, abs=1e-6)
+    ratio = importance_ratio(logp, old)
+    assert clip_fractions(ratio, T([[1.0] * 3]), mask, 0.8, 1.2).tolist() == [0, 1, 3]
     # A = -1: -min(-r, -clip(r)) = max(r, clip(r)) = [0.8, 1.0, 1.5] -> mean 1.1
-    loss, stats = policy_loss("ppo", logp, old, T([-1.0]), mask)
-    assert loss.item() == pytest.approx(1.1, abs=1e-6)
-    assert stats.clip_frac_low == pytest.approx(1 / 3) and stats.clip_frac_high == 0.0
+    loss = clipped_surrogate(logp, old, T([-1.0]), clip_low=0.8, clip_high=1.2)
+    assert aggregate(loss, mask).item() == pytest.approx(1.1, abs=1e-6)
+    assert clip_fractions(ratio, T([[-1.0] * 3]), mask, 0.8, 1.2).tolist() == [1, 0, 3]
 
 
 def test_clip_higher_loss_by_hand() -> None:
     # DAPO: bounds [0.8, 1.28]; ratios [0.5, 1.0, 1.5], A=+1 -> [0.5, 1.0, 1.28] -> -0.926667
     logp, old = ratios_to_logps([0.5, 1.0, 1.5])
-    loss, _ = policy_loss("clip-higher", logp, old, T([1.0]), torch.ones(1, 3), clip=ClipConfig(0.2, 0.28))
-    assert loss.item() == pytest.approx(-(0.5 + 1.0 + 1.28) / 3, abs=1e-6)
+    loss = clipped_surrogate(logp, old, T([1.0]), clip_low=0.8, clip_high=1.28)
+    assert loss.mean().item() == pytest.approx(-(0.5 + 1.0 + 1.28) / 3, abs=1e-6)
+
+
+def test_dual_clip_caps_the_loss_of_negative_tokens() -> None:
+    # A = -1, ratios [1.0, 5.0]: PPO's loss is r·|A| = [1, 5]; dual-clip c=3 caps it at 3.
+    logp, old = ratios_to_logps([1.0, 5.0])
+    plain = clipped_surrogate(logp, old, T([-1.0]), clip_low=0.8, clip_high=1.2)
+    capped = clipped_surrogate(logp, old, T([-1.0]), clip_low=0.8, clip_high=1.2, dual_clip=3.0)
+    assert plain.tolist()[0] == pytest.approx([1.0, 5.0]) and capped.tolist()[0] == pytest.approx([1.0, 3.0])
+    positive = clipped_surrogate(logp, old, T([1.0]), clip_low=0.8, clip_high=1.2, dual_clip=3.0)
+    assert positive.tolist()[0] == pytest.approx([-1.0, -1.2])  # A > 0 untouched
+
+
+def test_bapo_refuses_steps_that_never_move_and_disordered_bounds() -> None:
+    for bad in ({"high_step": 0}, {"low_step": -0.02}, {"low_start": 0.95}, {"high_max": 1.1}, {"rho0": 1.5}):
+        with pytest.raises(ValueError, match="bapo"):
+            BapoConfig(**bad)
 
 
 def test_gradient_flows_only_through_unclipped_tokens() -> None:
     logp, old = ratios_to_logps([0.5, 1.0, 1.5])
     logp.requires_grad_(True)
-    loss, _ = clipped_surrogate(logp, old, T([1.0]), torch.ones(1, 3), clip_low=0.8, clip_high=1.2)
-    loss.backward()
+    loss = clipped_surrogate(logp, old, T([1.0]), clip_low=0.8, clip_high=1.2)
+    aggregate(loss, torch.ones(1, 3)).backward()
     # d/dlogp of -(r)/3 = -r/3 for unclipped tokens; 0 where clipped (r=1.5 > 1.2)
     assert torch.allclose(logp.grad, T([[-0.5 / 3, -1.0 / 3, 0.0]]), atol=1e-6)
 
@@ -161,9 +194,6 @@ def test_bapo_keeps_start_bounds_when_balanced() -> None:
     logp, old = ratios_to_logps([1.0, 1.0])
     c_low, c_high, rho = bapo_bounds(logp, old, T([[1.0, -0.5]]), torch.ones(1, 2))
     assert (c_low, c_high) == (0.6, 1.2) and rho == pytest.approx(1 / 1.5)
-    loss, stats = policy_loss("bapo", logp, old, T([[1.0, -0.5]]), torch.ones(1, 2))
-    assert (stats.clip_low, stats.clip_high) == (0.6, 1.2)
-    assert loss.item() == pytest.approx(-(1.0 - 0.5) / 2)
 
 
 def test_horizon_schedules() -> None:
@@ -174,6 +204,8 @@ def test_horizon_schedules() -> None:
         ScalingInterHorizon(rounds=[], interval=5)
     with pytest.raises(ValueError):
         schedule.horizon_at(0)
+    with pytest.raises(ValueError, match="rounds must increase"):
+        ScalingInterHorizon(rounds=[10, 5, 30], interval=5)
 
 
 def test_agentevol_weights_and_weighted_nll_by_hand() -> None:
@@ -183,4 +215,4 @@ def test_agentevol_weights_and_weighted_nll_by_hand() -> None:
     logp = T([[0.0, -1.0, -2.0], [0.0, -3.0, 0.0], [0.0, -4.0, -4.0]])
     mask = T([[0, 1, 1], [0, 1, 0], [0, 1, 1]])
     # token-mean: (1*(1+2) + 0.5*3 + 0*(4+4)) / 5 agent tokens = 4.5/5
-    assert weighted_nll(logp, mask, T([1.0, 0.5, 0.0])).item() == pytest.approx(0.9)
+    assert aggregate(weighted_nll(logp, T([1.0, 0.5, 0.0])), mask).item() == pytest.approx(0.9)

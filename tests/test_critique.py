@@ -58,11 +58,12 @@ def test_rewards_by_hand() -> None:
     assert discrimination_reward(True, True) == discrimination_reward(False, False) == 1.0
     assert discrimination_reward(True, False) == discrimination_reward(False, True) == -1.0
     assert discrimination_reward(None, True) == discrimination_reward(None, False) == -1.0
-    # Stage II: 1[refined right] + 0.2 * Stage I.
+    # Stage II, the paper's table: 1[refined right] + 0.2 * 1[verdict right] (an indicator, not ±1).
     assert refinement_reward(True, False, False) == pytest.approx(1.2)
-    assert refinement_reward(True, None, True) == pytest.approx(0.8)
+    assert refinement_reward(True, None, True) == pytest.approx(1.0)
     assert refinement_reward(False, True, True) == pytest.approx(0.2)
-    assert refinement_reward(False, True, False) == pytest.approx(-0.2)
+    assert refinement_reward(False, True, False) == pytest.approx(0.0)
+    assert refinement_reward(False, None, False) == pytest.approx(0.0)
     assert refinement_reward(True, True, True, beta=0.5) == pytest.approx(1.5)
 
 
@@ -85,7 +86,7 @@ HAND_METRICS = {
     "acc_dis_on_wrong": 1 / 2,  # of outcomes 1, 2 only 1
 }
 HAND_STAGE1 = [1.0, 1.0, -1.0, -1.0, -1.0]
-HAND_STAGE2 = [1.2, 1.2, -0.2, -0.2, 0.8]
+HAND_STAGE2 = [1.2, 1.2, 0.0, 0.0, 1.0]
 
 
 def test_metrics_by_hand() -> None:
@@ -303,3 +304,29 @@ async def test_the_critic_reads_agent_episodes() -> None:
     assert [j.verdict for j in judged] == [True, False]
     assert [j.stage1_reward for j in judged] == [1.0, 1.0]
     assert await critique_trajectories(TranscriptCritic(), [], SamplingParams()) == []
+
+
+async def test_an_always_correct_critic_scores_only_the_share_of_right_answers() -> None:
+    # Mixed answers (problems 1 and 2 wrong): a critic approving everything is right on the
+    # three correct answers only, so Acc@Dis is 3/5, all on the correct side, none on the wrong.
+    actor = GoldActor(PROBLEMS, lambda q, seed: q in ERRS)
+    critic = StanceCritic(PROBLEMS, {p.question: "approve" for p in PROBLEMS})
+    records = await critique_round(actor, critic, PROBLEMS, SamplingParams(temperature=0))
+    metrics = critique_metrics(r.outcome for r in records)
+    assert metrics["acc_dis"] == pytest.approx(3 / 5)
+    assert metrics["acc_dis_on_correct"] == 1.0 and metrics["acc_dis_on_wrong"] == 0.0
+
+
+async def test_refinements_use_their_own_sampling() -> None:
+    actor, critic = _pair()
+    seen: list[float] = []
+    generate = actor.generate
+
+    async def recording(requests: list[GenerationRequest], sampling: SamplingParams) -> list[Generation]:
+        seen.append(sampling.temperature)
+        return await generate(requests, sampling)
+
+    actor.generate = recording
+    greedy = SamplingParams(temperature=0.0)
+    await critique_round(actor, critic, PROBLEMS, SamplingParams(temperature=1.0), refine_sampling=greedy)
+    assert seen == [1.0, 0.0]  # answers sampled, refinements greedy (Critique-RL)

@@ -126,7 +126,7 @@ def test_merged_lora_weights_reproduce_the_adapted_model() -> None:
     """What a separate generator (vLLM) is sent: plain HF names, adapters merged in."""
     from peft import LoraConfig, get_peft_model
 
-    from agentgym.trainers.loop import _merged_weights
+    from agentgym.trainers.generators import merged_weights as _merged_weights
 
     adapted = get_peft_model(tiny_llama(), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
     with torch.no_grad():

@@ -2,15 +2,21 @@
 
 Shapes: ``rewards``/``group_ids`` are ``[B]`` (one scalar outcome per episode, episodes of
 the same task share a group id); token tensors are ``[B, T]`` with ``mask`` 1 on agent
-tokens (the trajectory's ``loss_mask``). Advantages are per episode and broadcast to its
-tokens by the loss.
+tokens (the trajectory's ``loss_mask``).
+
+**Aggregation is a weight per token, fixed on the whole minibatch** (:func:`token_weights`):
+every loss is ``Σ_t w_t · loss_t``. A micro-batch or a data-parallel rank sums its rows'
+share, so summing over micro-batches and ranks gives exactly the loss of the whole
+minibatch in one piece: token-mean really is the mean over every agent token of the
+minibatch (DAPO), not an average of micro-batch means.
 
 Each policy loss is the PPO clipped surrogate with *ratio bounds* ``[c_low, c_high]``:
 
     L = -min(r·A, clip(r, c_low, c_high)·A),  r = exp(logp - logp_old)
 
-PPO uses ``[1-ε, 1+ε]``, DAPO's clip-higher ``[1-ε_low, 1+ε_high]``, and BAPO searches the
-bounds at every update (:func:`bapo_bounds`). See docs/algorithms/ for the formulas.
+and, for A < 0, dual-clip caps the loss at ``dual_clip·|A|`` (Ye et al. 2020; BAPO's code
+uses 3). PPO uses ``[1-ε, 1+ε]``, DAPO's clip-higher ``[1-ε_low, 1+ε_high]``, and BAPO
+searches the bounds at every update (:func:`bapo_bounds`). See docs/algorithms/.
 """
 
 from __future__ import annotations
@@ -69,17 +75,34 @@ def dynamic_sampling_keep(rewards: Tensor, group_ids: Tensor) -> Tensor:
 
 # ----- aggregation, KL, entropy --------------------------------------------------------
 
+AGGREGATIONS = ("token-mean", "seq-mean", "seq-sum-norm")
 
-def aggregate(loss: Tensor, mask: Tensor, mode: str = "token-mean") -> Tensor:
-    """``token-mean``: every agent token weighs the same; ``seq-mean``: every episode
-    weighs the same (mean over episodes of its token mean)."""
-    mask = mask.to(loss.dtype)
+
+def token_weights(mask: Tensor, mode: str = "token-mean", *, norm_tokens: int | None = None) -> Tensor:
+    """``[B, T]`` weights that turn per-token losses into the minibatch loss ``Σ w·loss``.
+
+    ``token-mean``: ``1/N`` on each of the minibatch's N agent tokens (DAPO, BAPO).
+    ``seq-mean``: each episode weighs the same (``1/(n·len_i)``, GRPO's original form).
+    ``seq-sum-norm``: Dr. GRPO, each episode's token *sum* over a constant ``norm_tokens``
+    (no length normalisation), averaged over episodes.
+    """
+    mask = mask.float()
+    lengths = mask.sum(-1, keepdim=True)
+    episodes = max(int((lengths > 0).sum()), 1)
     if mode == "token-mean":
-        return (loss * mask).sum() / mask.sum().clamp(min=1)
+        return mask / mask.sum().clamp(min=1)
     if mode == "seq-mean":
-        per_sequence = (loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        return per_sequence[mask.sum(-1) > 0].mean()
-    raise ValueError(f"unknown aggregation {mode!r}; use 'token-mean' or 'seq-mean'")
+        return mask / lengths.clamp(min=1) / episodes
+    if mode == "seq-sum-norm":
+        if not norm_tokens:
+            raise ValueError("seq-sum-norm needs norm_tokens, the constant per-episode token budget")
+        return mask / (norm_tokens * episodes)
+    raise ValueError(f"unknown aggregation {mode!r}; use one of {', '.join(AGGREGATIONS)}")
+
+
+def aggregate(loss: Tensor, mask: Tensor, mode: str = "token-mean", **options: int) -> Tensor:
+    """``loss`` aggregated over the agent tokens of one whole batch (see :func:`token_weights`)."""
+    return (loss * token_weights(mask, mode, **options).to(loss.dtype)).sum()
 
 
 def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
@@ -98,18 +121,42 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
 # ----- the clipped surrogate -----------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class LossStats:
-    clip_low: float
-    clip_high: float
-    clip_frac_low: float
-    """Share of agent tokens with A<0 whose ratio was clipped at ``c_low`` (no gradient)."""
-    clip_frac_high: float
-    """Share of agent tokens with A>0 whose ratio was clipped at ``c_high`` (no gradient)."""
-    positive_share: float
-    """ρ = P/(P+N): the positive-advantage share of the clipped objective."""
-    approx_kl: float
-    """Mean ``logp_old - logp`` over agent tokens."""
+def importance_ratio(logp: Tensor, old_logp: Tensor) -> Tensor:
+    return torch.exp((logp - old_logp).clamp(-20, 20))
+
+
+def clipped_surrogate(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float = 0.0,
+) -> Tensor:
+    """Per-token ``-min(r·A, clip(r, clip_low, clip_high)·A)``; with ``dual_clip`` c > 1,
+    tokens with A < 0 lose at most ``c·|A|`` (a huge ratio on a bad token cannot blow up
+    the update). ``advantages`` are ``[B, T]`` (or ``[B]``, broadcast over tokens)."""
+    if advantages.dim() == 1:
+        advantages = advantages[:, None].expand_as(logp)
+    ratio = importance_ratio(logp, old_logp)
+    loss = -torch.minimum(ratio * advantages, ratio.clamp(clip_low, clip_high) * advantages)
+    if dual_clip > 1:
+        loss = torch.where(advantages < 0, torch.minimum(loss, -dual_clip * advantages), loss)
+    return loss
+
+
+def clip_fractions(ratio: Tensor, advantages: Tensor, mask: Tensor, c_low: float, c_high: float) -> Tensor:
+    """``[tokens with A<0 held at c_low, tokens with A>0 held at c_high, agent tokens]``
+    as counts, so shares can be summed over micro-batches and ranks before dividing."""
+    agent = mask.bool()
+    return torch.stack(
+        [
+            ((ratio < c_low) & (advantages < 0) & agent).sum(),
+            ((ratio > c_high) & (advantages > 0) & agent).sum(),
+            agent.sum(),
+        ]
+    ).float()
 
 
 def positive_share(
@@ -135,41 +182,6 @@ def positive_share(
     return positive / total if total > 0 else torch.ones((), dtype=ratio.dtype)
 
 
-def clipped_surrogate(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    clip_low: float,
-    clip_high: float,
-    aggregation: str = "token-mean",
-) -> tuple[Tensor, LossStats]:
-    """``-min(r·A, clip(r, clip_low, clip_high)·A)`` aggregated over agent tokens.
-    ``advantages`` may be ``[B]`` (broadcast over tokens) or ``[B, T]``."""
-    if advantages.dim() == 1:
-        advantages = advantages[:, None].expand_as(logp)
-    ratio = torch.exp((logp - old_logp).clamp(-20, 20))
-    unclipped, clipped = ratio * advantages, ratio.clamp(clip_low, clip_high) * advantages
-    loss = aggregate(-torch.minimum(unclipped, clipped), mask, aggregation)
-    with torch.no_grad():
-        agent = mask.bool()
-        held = clipped < unclipped  # the bound is active: this token gets no gradient
-        stats = LossStats(
-            clip_low=clip_low,
-            clip_high=clip_high,
-            clip_frac_low=_share(held & (advantages < 0), agent),
-            clip_frac_high=_share(held & (advantages > 0), agent),
-            positive_share=float(positive_share(ratio, advantages, mask, clip_low, clip_high)),
-            approx_kl=float(((old_logp - logp) * mask).sum() / mask.sum().clamp(min=1)),
-        )
-    return loss, stats
-
-
-def _share(flags: Tensor, among: Tensor) -> float:
-    return float((flags & among).sum() / among.sum().clamp(min=1))
-
-
 # ----- BAPO ------------------------------------------------------------------------------
 
 
@@ -192,6 +204,19 @@ class BapoConfig:
     low_step: float = 0.02
     """δ2: c_low's step."""
 
+    def __post_init__(self) -> None:
+        problems = []
+        if not 0 < self.rho0 < 1:
+            problems.append("bapo.rho0 must be in (0, 1)")
+        if self.high_step <= 0 or self.low_step <= 0:
+            problems.append("bapo.high_step and bapo.low_step must be positive (the search must move)")
+        if not 0 < self.low_start <= self.low_max <= 1:
+            problems.append("bapo bounds need 0 < low_start <= low_max <= 1")
+        if not 1 <= self.high_start <= self.high_max:
+            problems.append("bapo bounds need 1 <= high_start <= high_max")
+        if problems:
+            raise ValueError("; ".join(problems))
+
 
 def bapo_bounds(
     logp: Tensor,
@@ -210,7 +235,7 @@ def bapo_bounds(
     if advantages.dim() == 1:
         advantages = advantages[:, None].expand_as(logp)
     with torch.no_grad():
-        ratio = torch.exp((logp - old_logp).clamp(-20, 20))
+        ratio = importance_ratio(logp, old_logp)
         c_low, c_high = config.low_start, config.high_start
         rho = float(positive_share(ratio, advantages, mask, c_low, c_high, reduce))
         while rho < config.rho0:
@@ -222,40 +247,6 @@ def bapo_bounds(
                 break
             rho = float(positive_share(ratio, advantages, mask, c_low, c_high, reduce))
     return c_low, c_high, rho
-
-
-# ----- named policy losses ---------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ClipConfig:
-    eps_low: float = 0.2
-    """PPO/DAPO: c_low = 1 - eps_low."""
-    eps_high: float = 0.2
-    """PPO: 0.2; DAPO's clip-higher: 0.28."""
-
-
-def policy_loss(
-    name: str,
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    clip: ClipConfig = ClipConfig(),
-    bapo: BapoConfig = BapoConfig(),
-    aggregation: str = "token-mean",
-) -> tuple[Tensor, LossStats]:
-    """``ppo`` (symmetric clip), ``clip-higher`` (DAPO) or ``bapo`` (searched bounds)."""
-    if name == "bapo":
-        c_low, c_high, _ = bapo_bounds(logp, old_logp, advantages, mask, bapo)
-    elif name in ("ppo", "clip-higher"):
-        c_low, c_high = 1 - clip.eps_low, 1 + clip.eps_high
-    else:
-        raise ValueError(f"unknown policy loss {name!r}; use 'ppo', 'clip-higher' or 'bapo'")
-    return clipped_surrogate(
-        logp, old_logp, advantages, mask, clip_low=c_low, clip_high=c_high, aggregation=aggregation
-    )
 
 
 # ----- AgentEvol ----------------------------------------------------------------------
@@ -270,7 +261,9 @@ def agentevol_weights(rewards: Tensor, threshold: float | None = None) -> Tensor
     return (rewards >= threshold).to(rewards.dtype)
 
 
-def weighted_nll(logp: Tensor, mask: Tensor, weights: Tensor, aggregation: str = "token-mean") -> Tensor:
-    """``-Σ_i w_i Σ_t log π(a_t)`` over agent tokens: behaviour cloning when every ``w_i = 1``,
-    AgentEvol's learn step with :func:`agentevol_weights`."""
-    return aggregate(-logp * weights[:, None], mask, aggregation)
+def weighted_nll(logp: Tensor, weights: Tensor) -> Tensor:
+    """Per-token ``-w·log π(a_t)``: behaviour cloning when every ``w = 1``, AgentEvol's learn
+    step with :func:`agentevol_weights` (``weights`` ``[B, T]`` or ``[B]``)."""
+    if weights.dim() == 1:
+        weights = weights[:, None]
+    return -logp * weights

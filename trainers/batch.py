@@ -8,11 +8,13 @@ trajectory starts with the prompt). Batches are right-padded.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from agentgym.trainers.algorithms import token_weights
 
 
 @dataclass
@@ -25,54 +27,66 @@ class TokenBatch:
     """[B, T] 1 on agent (generated) tokens."""
     old_logp: Tensor
     """[B, T] behaviour log-probs on agent tokens, 0 elsewhere."""
-    weights: Tensor
-    """[B] per-episode scalars: advantages for RL, reward weights for AgentEvol."""
+    advantages: Tensor
+    """[B, T] per agent token: the advantage for RL, the episode's weight for cloning."""
+    token_weight: Tensor
+    """[B, T] each agent token's weight in its minibatch's loss (:meth:`weighted`), so that
+    summing ``w·loss`` over micro-batches and ranks gives the minibatch's loss exactly."""
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
+    def _map(self, change: Any) -> TokenBatch:
+        return TokenBatch(*(change(getattr(self, f.name)) for f in fields(self)))
+
     def select(self, index: slice | Tensor) -> TokenBatch:
-        return TokenBatch(
-            *(
-                t[index]
-                for t in (self.input_ids, self.attention_mask, self.loss_mask, self.old_logp, self.weights)
-            )
-        )
+        return self._map(lambda t: t[index])
 
     def trimmed(self) -> TokenBatch:
         """Drop the padding columns no row of this batch needs (micro-batches of short
         episodes must not pay for the longest episode of the whole minibatch)."""
         length = int(self.attention_mask.sum(-1).max())
-        return TokenBatch(
-            self.input_ids[:, :length],
-            self.attention_mask[:, :length],
-            self.loss_mask[:, :length],
-            self.old_logp[:, :length],
-            self.weights,
-        )
+        return self._map(lambda t: t[:, :length])
 
     def by_length(self) -> Tensor:
         """Row indices from shortest to longest, so micro-batches group similar lengths."""
         return torch.argsort(self.attention_mask.sum(-1), stable=True)
 
     def to(self, device: torch.device | str) -> TokenBatch:
-        return TokenBatch(
-            *(
-                t.to(device)
-                for t in (self.input_ids, self.attention_mask, self.loss_mask, self.old_logp, self.weights)
-            )
-        )
+        return self._map(lambda t: t.to(device))
+
+    def weighted(self, aggregation: str, norm_tokens: int | None = None) -> TokenBatch:
+        """This batch as one minibatch: token weights from all of its agent tokens."""
+        return replace(self, token_weight=token_weights(self.loss_mask, aggregation, norm_tokens=norm_tokens))
 
 
-def collate(trajectories: Sequence[dict[str, Any]], weights: Sequence[float], pad_id: int) -> TokenBatch:
+def per_token(advantage: float | Sequence[float], loss_mask: Sequence[int]) -> list[float]:
+    """An episode's advantage on each of its tokens (0 off agent tokens): one number for the
+    whole episode, or one per agent turn (a turn is a run of consecutive agent tokens)."""
+    if isinstance(advantage, int | float):
+        return [float(advantage) * m for m in loss_mask]
+    values, turn, previous = [], -1, 0
+    for m in loss_mask:
+        turn += int(m and not previous)
+        values.append(float(advantage[turn]) if m else 0.0)
+        previous = m
+    if turn + 1 != len(advantage):
+        raise ValueError(f"{len(advantage)} per-turn advantages for an episode of {turn + 1} agent turns")
+    return values
+
+
+def collate(
+    trajectories: Sequence[dict[str, Any]], advantages: Sequence[float | Sequence[float]], pad_id: int
+) -> TokenBatch:
     """Right-pad trajectory records into a batch. ``token_ids``, ``loss_mask`` and ``logprobs``
     have equal length (the trajectory format); ``logprobs`` matter on agent tokens only.
-    Records without them (demonstrations) get zeros, which only behaviour cloning may use."""
+    Records without them (demonstrations) get zeros, which only behaviour cloning may use.
+    ``advantages``: per episode, a number or one per agent turn (:func:`per_token`)."""
     length = max(len(t["token_ids"]) for t in trajectories)
     batch = len(trajectories)
     input_ids = torch.full((batch, length), pad_id, dtype=torch.long)
-    attention, loss_mask, old_logp = (torch.zeros(batch, length) for _ in range(3))
-    for row, record in enumerate(trajectories):
+    attention, loss_mask, old_logp, token_advantages = (torch.zeros(batch, length) for _ in range(4))
+    for row, (record, advantage) in enumerate(zip(trajectories, advantages, strict=True)):
         n = len(record["token_ids"])
         input_ids[row, :n] = torch.tensor(record["token_ids"])
         attention[row, :n] = 1
@@ -80,14 +94,13 @@ def collate(trajectories: Sequence[dict[str, Any]], weights: Sequence[float], pa
         if mask.numel() != n:
             raise ValueError("a trajectory's loss_mask must have one entry per token")
         loss_mask[row, :n] = mask
+        token_advantages[row, :n] = torch.tensor(per_token(advantage, record["loss_mask"]))
         logprobs = record.get("logprobs")
         if logprobs:
             if len(logprobs) != n:
                 raise ValueError("a trajectory's logprobs must have one entry per token (0 off agent tokens)")
             old_logp[row, :n] = torch.tensor(logprobs, dtype=torch.float) * mask
-    return TokenBatch(
-        input_ids, attention, loss_mask, old_logp, torch.tensor(list(weights), dtype=torch.float)
-    )
+    return TokenBatch(input_ids, attention, loss_mask, old_logp, token_advantages, torch.zeros(batch, length))
 
 
 def token_logprobs(

@@ -13,45 +13,28 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from torch import Tensor
 
-from agentgym.trainers.algorithms import (
-    BapoConfig,
-    ClipConfig,
-    grpo_advantages,
-    reinforce_pp_advantages,
-    rloo_advantages,
-)
+from agentgym.trainers.algorithms import AGGREGATIONS, BapoConfig
+from agentgym.trainers.registry import ADVANTAGE_ESTIMATORS, CLIP_RULES, PRESETS
+from agentgym.trainers.schedules import ScalingInterHorizon
 
 
 @dataclass(frozen=True)
-class Algorithm:
-    """An RL algorithm = how episodes' rewards become advantages + which clipped loss."""
-
-    advantages: Any
-    """``f(rewards [B], group_ids [B]) -> advantages [B]``."""
-    loss: str
-    """``ppo`` | ``clip-higher`` | ``bapo`` (see :func:`agentgym.trainers.algorithms.policy_loss`)."""
+class ClipConfig:
+    eps_low: float = 0.2
+    """PPO/DAPO: c_low = 1 - eps_low."""
+    eps_high: float | None = None
+    """c_high = 1 + eps_high. None: the algorithm's (PPO 0.2; DAPO's clip-higher 0.28)."""
 
 
-def _batch_whitened(rewards: Tensor, group_ids: Tensor) -> Tensor:
-    return reinforce_pp_advantages(rewards)
-
-
-ALGORITHMS: dict[str, Algorithm] = {
-    "bapo": Algorithm(grpo_advantages, "bapo"),
-    "grpo": Algorithm(grpo_advantages, "ppo"),
-    "dapo": Algorithm(grpo_advantages, "clip-higher"),
-    "rloo": Algorithm(rloo_advantages, "ppo"),
-    "reinforce++": Algorithm(reinforce_pp_advantages, "ppo"),
-    # PPO-clip without a critic: outcome rewards whitened over the batch as advantages.
-    "ppo": Algorithm(_batch_whitened, "ppo"),
-    # Trains a critic, not an agent (trainers/critique_rl.py): RLOO over the critiques of one answer.
-    "critique-rl": Algorithm(rloo_advantages, "ppo"),
+FALLBACKS: dict[str, Any] = {
+    "dual_clip": 0.0,
+    "dynamic_sampling": False,
+    "loss_aggregation": "token-mean",
+    "kl_coef": 0.0,
+    "clip.eps_high": 0.2,
 }
-"""Adding an algorithm: one pure advantage function (or loss) in algorithms.py + one line here."""
-
-RL_ALGOS = (*ALGORITHMS, "agentevol")
+"""Values of the algorithm-dependent fields when the preset does not set them."""
 
 
 def _number_kind(f: dataclasses.Field) -> type | None:
@@ -67,7 +50,9 @@ def _number_kind(f: dataclasses.Field) -> type | None:
 class TrainConfig:
     # ----- what to train, where -------------------------------------------------------
     algo: str = "bapo"
-    """bapo | grpo | dapo | ppo | rloo | reinforce++ | agentevol | critique-rl."""
+    """A name in the registry (``trainers/registry.py``: bapo, grpo, dapo, dr-grpo, rloo,
+    reinforce++, ppo, agentevol, critique-rl). It sets the fields below that default to
+    None ("the algorithm's") to its paper's values; values you give win."""
     env: str = "textworld"
     """Registered environment name."""
     env_url: str | None = None
@@ -164,18 +149,34 @@ class TrainConfig:
     """Episodes per optimizer step."""
     micro_batch_size: int = 4
     """Episodes per forward/backward; gradients accumulate up to ``minibatch_size``."""
-    loss_aggregation: str = "token-mean"
-    """token-mean | seq-mean."""
+    advantage: str | None = None
+    """Advantage estimator (``ADVANTAGE_ESTIMATORS``). None: the algorithm's."""
+    clip_rule: str | None = None
+    """Ratio bounds of the clipped loss: ``fixed`` (from ``clip``) or ``bapo`` (searched).
+    None: the algorithm's. Independent of ``advantage``: BAPO clipping composes with any."""
+    loss_aggregation: str | None = None
+    """token-mean (every agent token of the minibatch weighs the same; DAPO) | seq-mean
+    (every episode weighs the same) | seq-sum-norm (Dr. GRPO: token sums over the constant
+    ``loss_norm_tokens``). None: the algorithm's (dr-grpo: seq-sum-norm, else token-mean)."""
+    loss_norm_tokens: int | None = None
+    """seq-sum-norm's constant; None: ``max_new_tokens`` x the largest horizon."""
     clip: ClipConfig = field(default_factory=ClipConfig)
     """PPO / clip-higher ratio bounds."""
+    dual_clip: float | None = None
+    """Dual-clip c: a token with A<0 loses at most c·|A|; 0 is off. None: the algorithm's
+    (bapo 3.0, the authors' code; else off)."""
     bapo: BapoConfig = field(default_factory=BapoConfig)
     """BAPO's bound search."""
-    kl_coef: float = 0.0
-    """Weight of the k3 KL to the initial (reference) policy; 0 disables it."""
+    kl_coef: float | None = None
+    """Weight of the k3 KL to the reference policy, the policy at the start of RL (after the
+    behaviour-cloning warm start); 0 disables it. None: the algorithm's (critique-rl 0.01, else 0)."""
     entropy_coef: float = 0.0
     """Weight of the entropy bonus."""
-    dynamic_sampling: bool = False
-    """Drop groups whose rewards are all equal (DAPO)."""
+    dynamic_sampling: bool | None = None
+    """Drop groups whose rewards are all equal and play new groups in their place, up to
+    ``max_refills`` rounds per step (DAPO). None: the algorithm's (dapo: on, else off)."""
+    max_refills: int = 3
+    """Dynamic sampling: extra rounds of groups per step at most, to refill the batch."""
 
     # ----- AgentEvol and the behaviour-cloning warm start --------------------------------
     bc_steps: int = 25
@@ -219,7 +220,36 @@ class TrainConfig:
             self.clip = ClipConfig(**self.clip)
         if isinstance(self.bapo, dict):
             self.bapo = BapoConfig(**self.bapo)
+        if self.algo not in PRESETS:
+            raise ValueError(f"algo must be one of {', '.join(PRESETS)}")
+        self._from_preset = self._apply_preset()
         self.validate()
+
+    def _apply_preset(self) -> list[str]:
+        """Fill the fields left None with the algorithm's values; returns their names."""
+        preset = PRESETS[self.algo]
+        values = FALLBACKS | {"advantage": preset.advantage, "clip_rule": preset.clip_rule} | preset.defaults
+        filled = []
+        for key, value in values.items():
+            head, _, leaf = key.partition(".")
+            if leaf and getattr(getattr(self, head), leaf) is None:
+                setattr(self, head, dataclasses.replace(getattr(self, head), **{leaf: value}))
+            elif not leaf and getattr(self, key) is None:
+                setattr(self, key, value)
+            else:
+                continue
+            filled.append(key)
+        return filled
+
+    @property
+    def preset(self) -> Any:
+        return PRESETS[self.algo]
+
+    @property
+    def norm_tokens(self) -> int:
+        """Dr. GRPO's constant per-episode token budget (``seq-sum-norm``)."""
+        horizon = max(self.rounds) if self.schedule == "scaling-inter" else self.max_turns
+        return self.loss_norm_tokens or self.max_new_tokens * horizon
 
     def _coerce_numbers(self) -> None:
         """YAML 1.1 reads ``1e-3`` as a string: numeric fields take numeric strings, and
@@ -236,14 +266,27 @@ class TrainConfig:
 
     def validate(self) -> None:
         problems = []
-        if self.algo not in RL_ALGOS:
-            problems.append(f"algo must be one of {', '.join(RL_ALGOS)}")
         if self.schedule not in ("fixed", "scaling-inter"):
             problems.append("schedule must be 'fixed' or 'scaling-inter'")
         if self.generator not in ("hf", "vllm", "ray"):
             problems.append("generator must be 'hf', 'vllm' or 'ray'")
-        if self.loss_aggregation not in ("token-mean", "seq-mean"):
-            problems.append("loss_aggregation must be 'token-mean' or 'seq-mean'")
+        if self.loss_aggregation not in AGGREGATIONS:
+            problems.append(f"loss_aggregation must be one of {', '.join(AGGREGATIONS)}")
+        if self.advantage not in ADVANTAGE_ESTIMATORS:
+            problems.append(f"advantage must be one of {', '.join(ADVANTAGE_ESTIMATORS)}")
+        if self.clip_rule not in CLIP_RULES:
+            problems.append(f"clip_rule must be one of {', '.join(CLIP_RULES)}")
+        if self.schedule == "scaling-inter":
+            try:
+                ScalingInterHorizon(self.rounds, self.interval)
+            except ValueError as exc:
+                problems.append(str(exc))
+        if self.max_refills < 0:
+            problems.append("max_refills must be at least 0")
+        if not 0 < self.clip.eps_low < 1 or self.clip.eps_high <= 0:
+            problems.append("clip needs 0 < eps_low < 1 and eps_high > 0")
+        if self.dual_clip and self.dual_clip <= 1:
+            problems.append("dual_clip must be above 1 (or 0: off)")
         for name in (
             "steps",
             "tasks_per_step",
@@ -325,8 +368,15 @@ class TrainConfig:
         return cls(**values)
 
     def with_overrides(self, overrides: dict[str, Any]) -> TrainConfig:
-        """``{"bapo.rho0": 0.5, "steps": 8}`` -> a new config (dotted keys reach nested configs)."""
+        """``{"bapo.rho0": 0.5, "steps": 8}`` -> a new config (dotted keys reach nested configs).
+        Fields the algorithm filled in are filled anew, so ``algo=dapo`` brings DAPO's values."""
         values = self.to_dict()
+        for key in self._from_preset:
+            head, _, leaf = key.partition(".")
+            if leaf:
+                values[head][leaf] = None
+            else:
+                values[key] = None
         for key, value in overrides.items():
             head, _, rest = key.partition(".")
             if rest:

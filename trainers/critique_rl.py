@@ -3,24 +3,33 @@
 The trained model is the critic; the actor is the same model with its LoRA adapters
 switched off (the frozen base). Steps run in three phases: behaviour cloning on synthetic
 critiques built from gold solutions (the warm start that teaches the ``Verdict:`` line),
-Stage I (reward: the verdict) and Stage II (reward: the refinement, plus β1 × the verdict,
-with a KL penalty to the Stage-I critic).
+Stage I (reward: the verdict, KL to the warm-started critic) and Stage II (reward: the
+refinement, plus β1 × 1[verdict right], with a KL penalty to the Stage-I critic).
 """
 
 from __future__ import annotations
 
-import contextlib
 import random
-from collections.abc import Iterator, Sequence
-from typing import Any
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agentgym.critique import CritiqueRecord, critic_messages
+from agentgym import registry
+from agentgym.critique import CritiqueRecord, critic_messages, critique_metrics, critique_round
 from agentgym.envs.math.answers import parse_number
 from agentgym.envs.math.problems import Problem
 from agentgym.policies.base import Generation, GenerationRequest, Message, SamplingParams
 from agentgym.policies.hf import HFPolicy
+from agentgym.trainers.batch import collate
+from agentgym.trainers.collector import sampling
+from agentgym.trainers.recipes import end_of_turn_id, update_policy
+from agentgym.trainers.registry import ADVANTAGE_ESTIMATORS
+
+if TYPE_CHECKING:
+    from agentgym.trainers.loop import Trainer
 
 CORRECT_CRITIQUE = "Every step checks out and the final answer {answer} is right.\nVerdict: Correct"
 WRONG_CRITIQUE = (
@@ -96,7 +105,7 @@ def demonstrations(
     return records
 
 
-# ----- the actor and the KL reference ------------------------------------------------------------
+# ----- the actor and the recipe -------------------------------------------------------------------
 
 
 class BaseModelActor:
@@ -118,18 +127,93 @@ class BaseModelActor:
         return None
 
 
-@contextlib.contextmanager
-def swapped_weights(
-    parameters: Sequence[torch.nn.Parameter], values: Sequence[torch.Tensor]
-) -> Iterator[None]:
-    """Run the model with ``values`` in place of ``parameters`` (Stage II's reference: the
-    Stage-I critic), then put the current weights back. Autograd reads a parameter's data
-    at backward time, after the swap has been undone, so a graph built before it stays right."""
-    current = [p.data for p in parameters]
-    try:
-        for parameter, value in zip(parameters, values, strict=True):
-            parameter.data = value
-        yield
-    finally:
-        for parameter, data in zip(parameters, current, strict=True):
-            parameter.data = data
+class CritiqueRL:
+    """Critique-RL: the frozen actor answers ``tasks_per_step`` train problems, the critic
+    critiques each answer ``critiques_per_answer`` times, the actor refines (greedily, as in
+    the paper); the critiques' stage rewards become RLOO advantages for a clipped update of
+    the critic, with a k3 KL to the policy at the start of the stage (Stage I: ``kl_coef``,
+    0.01, to the warm-started critic; Stage II: ``stage2_kl_coef`` to the Stage-I critic)."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        config = trainer.config
+        # The problems behind the server's task ids (same env settings, same problems).
+        catalog = registry.make(config.env, **config.env_settings)
+        self.train_problems = [catalog.problem(t) for t in trainer.train_tasks]
+        self.test_problems = [catalog.problem(t) for t in trainer.test_tasks]
+        self.actor = BaseModelActor(trainer.learner.policy, trainer.learner.model)
+        self.demos: list[dict[str, Any]] | None = None
+
+    @staticmethod
+    def rl_steps(config: Any) -> int:
+        return config.stage1_steps + config.stage2_steps
+
+    def step(self, step: int) -> dict[str, Any]:
+        trainer, config = self.trainer, self.trainer.config
+        stage = stage_of(step - config.bc_steps, config.stage1_steps)
+        reference, kl_coef = REFERENCES[stage], config.kl_coef if stage == 1 else config.stage2_kl_coef
+        if kl_coef:
+            trainer.learner.take_reference(trainer.run_dir.path / reference)
+        rng = random.Random(config.seed * 1_000_003 + step)  # same problems after a resume
+        problems = rng.sample(self.train_problems, min(config.tasks_per_step, len(self.train_problems)))
+        start = time.perf_counter()
+        records = trainer.dp.gather(trainer.complete(self._round(trainer.dp.shard(problems), greedy=False)))
+        rewards = stage_rewards(records, stage, config.stage2_beta)
+        groups = rloo_groups(len(records), config.critiques_per_answer)
+        advantages = ADVANTAGE_ESTIMATORS[config.advantage]([_Scored(float(r)) for r in rewards], groups)
+        samples = [r.critic_sample(trainer.learner.policy.prompt_ids(r.critic_prompt)) for r in records]
+        record = {
+            "step": step,
+            "phase": f"critique-{stage}",
+            "critiques": len(records),
+            "reward_mean": float(rewards.mean()),
+            **critique_metrics(r.outcome for r in records),
+            "rollout_s": round(time.perf_counter() - start, 2),
+        }
+        start = time.perf_counter()
+        record |= update_policy(trainer, collate(samples, advantages, trainer.pad_id), kl_coef)
+        return record | {"update_s": round(time.perf_counter() - start, 2)}
+
+    async def _round(self, problems: Sequence[Problem], greedy: bool) -> list[CritiqueRecord]:
+        config = self.trainer.config
+        return await critique_round(
+            self.actor,
+            self.trainer.learner.policy,
+            problems,
+            sampling(config, greedy),
+            refine_sampling=sampling(config, greedy=True),
+            n_critiques=1 if greedy else config.critiques_per_answer,
+        )
+
+    def demonstrations(self) -> list[dict[str, Any]]:
+        """Synthetic critiques of ``bc_episodes`` train problems, built once per run."""
+        if self.demos is None:
+            problems = self.train_problems[: self.trainer.config.bc_episodes]
+            end_id = end_of_turn_id(self.trainer.tokenizer)
+            self.demos = demonstrations(
+                problems, self.trainer.learner.policy, end_id, self.trainer.config.seed
+            )
+        return self.demos
+
+    def evaluate(self) -> dict[str, Any]:
+        """Greedy critique rounds on the first ``eval_tasks`` test problems: every
+        :func:`~agentgym.critique.critique_metrics` figure as ``eval_<name>``, and Acc@Refine as
+        ``eval_success_rate`` (the actor's success with the critic in the loop)."""
+        problems = self.test_problems[: self.trainer.config.eval_tasks]
+        metrics = critique_metrics(
+            r.outcome for r in self.trainer.complete(self._round(problems, greedy=True))
+        )
+        return {f"eval_{key}": value for key, value in metrics.items()} | {
+            "eval_success_rate": metrics["acc_refine"]
+        }
+
+
+REFERENCES = {1: "reference.pt", 2: "stage1-reference.pt"}
+"""Each stage's KL reference file in the run folder: the critic as the stage starts."""
+
+
+@dataclass(frozen=True)
+class _Scored:
+    """A critique as the advantage estimators see an episode: its reward."""
+
+    score: float

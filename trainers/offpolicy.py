@@ -45,14 +45,17 @@ class Sample:
     the trajectory, untouched, and the advantage its group gave it when it was fresh."""
 
     trajectory: Trajectory
-    advantage: float
+    advantage: float | list[float]
+    """One number for the whole episode, or one per agent turn."""
 
     def to_dict(self) -> dict:
         return {"advantage": self.advantage, "trajectory": self.trajectory.to_dict()}
 
     @classmethod
     def from_dict(cls, data: dict) -> Sample:
-        return cls(Trajectory.from_dict(data["trajectory"]), float(data["advantage"]))
+        advantage = data["advantage"]
+        advantage = [float(a) for a in advantage] if isinstance(advantage, list) else float(advantage)
+        return cls(Trajectory.from_dict(data["trajectory"]), advantage)
 
 
 class ReplayBuffer:

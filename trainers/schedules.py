@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,6 +28,10 @@ class ScalingInterHorizon:
     def __post_init__(self) -> None:
         if not self.rounds or any(r < 1 for r in self.rounds):
             raise ValueError("rounds must be a non-empty list of positive turn limits")
+        if any(later <= earlier for earlier, later in itertools.pairwise(self.rounds)):
+            raise ValueError(
+                f"rounds must increase (ScalingInter-RL lengthens the horizon), got {list(self.rounds)}"
+            )
         if self.interval < 1:
             raise ValueError("interval must be at least 1 step")
 

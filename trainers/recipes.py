@@ -1,0 +1,315 @@
+"""One recipe per training regime, each a step you can read top to bottom.
+
+* :func:`behaviour_cloning`: the warm start (and AgentEvol's first stage);
+* :class:`ClippedRL`: the clipped-ratio family (BAPO, GRPO, DAPO, Dr. GRPO, RLOO,
+  REINFORCE++, PPO-clip), which differ only in registry entries;
+* :class:`AgentEvol`: explore, then reward-weighted learning from the base model;
+* Critique-RL lives in ``critique_rl.py``.
+
+A recipe gets the :class:`~agentgym.trainers.loop.Trainer` (config, learner, collector,
+run folder) and returns the step's metrics record.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from agentgym.policies.base import Generation, GenerationRequest, SamplingParams
+from agentgym.policies.chat import END_OF_TURN_TOKENS
+from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
+from agentgym.trainers.algorithms import (
+    agentevol_weights,
+    clip_fractions,
+    clipped_surrogate,
+    importance_ratio,
+    kl_k3,
+    weighted_nll,
+)
+from agentgym.trainers.batch import TokenBatch, collate
+from agentgym.trainers.collector import sampling
+from agentgym.trainers.learner import Learner, PerTokenLoss
+from agentgym.trainers.registry import CLIP_RULES
+from agentgym.trajectory import Trajectory, TrajectoryWriter, read_trajectories
+
+if TYPE_CHECKING:
+    from agentgym.trainers.loop import Trainer
+
+
+class TokenizedExpert:
+    """The environment's expert as a token-level policy: its reply is the expert action in
+    the agent format, tokenized as a model reply (ending with the end-of-turn token), so
+    behaviour cloning trains on exactly the tokens the model should emit."""
+
+    name = "expert"
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.end_id = end_of_turn_id(tokenizer)
+
+    async def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Generation]:
+        replies = []
+        for request in requests:
+            ids = [
+                *self.tokenizer.encode(request.info["expert_action"], add_special_tokens=False),
+                self.end_id,
+            ]
+            replies.append(Generation(request.info["expert_action"], ids, [0.0] * len(ids), "stop"))
+        return replies
+
+    async def close(self) -> None:
+        return None
+
+
+def end_of_turn_id(tokenizer: Any) -> int:
+    ends = [t for t in END_OF_TURN_TOKENS if t in tokenizer.get_vocab()]
+    return tokenizer.convert_tokens_to_ids(ends[0]) if ends else tokenizer.eos_token_id
+
+
+def token_record(trajectory: Trajectory) -> dict[str, Any]:
+    """A trajectory as a ``collate`` record."""
+    return {
+        "token_ids": trajectory.token_ids,
+        "loss_mask": trajectory.loss_mask,
+        "logprobs": trajectory.logprobs,
+    }
+
+
+# ----- behaviour cloning ---------------------------------------------------------------------
+
+
+def nll(learner: Learner) -> PerTokenLoss:
+    """Per-token ``-w·log π``: the likelihood of the demonstrations at temperature 1."""
+    return lambda micro: weighted_nll(learner.logprobs(micro, temperature=1.0)[0], micro.advantages)
+
+
+def behaviour_cloning(trainer: Trainer, step: int) -> dict[str, Any]:
+    """One optimizer step of likelihood on a minibatch of demonstrations."""
+    demos = trainer.recipe.demonstrations()
+    chosen = random.Random(trainer.config.seed * 7919 + step).sample(
+        demos, min(trainer.config.bc_batch_size, len(demos))
+    )
+    start = time.perf_counter()
+    batch = trainer.minibatch(collate(chosen, [1.0] * len(chosen), trainer.pad_id))
+    loss = trainer.learner.optimize(batch, nll(trainer.learner))
+    return {"step": step, "phase": "bc", "loss": loss, "episodes": len(chosen), "update_s": _since(start)}
+
+
+# ----- the clipped family --------------------------------------------------------------------
+
+
+def update_policy(trainer: Trainer, batch: TokenBatch, kl_coef: float) -> dict[str, Any]:
+    """``ppo_epochs`` passes over ``batch``, one clipped-surrogate optimizer step per minibatch."""
+    config = trainer.config
+    updates = []
+    for _ in range(config.ppo_epochs):
+        for index in torch.randperm(len(batch)).split(config.minibatch_size):
+            updates.append(clipped_update(trainer, trainer.minibatch(batch.select(index)), kl_coef))
+    summary = {key: _mean(u[key] for u in updates) for key in updates[0]}
+    tokens = int(batch.attention_mask.sum()) * config.ppo_epochs
+    return {**summary, "update_tokens": tokens, "updates": updates}
+
+
+def clipped_update(trainer: Trainer, minibatch: TokenBatch, kl_coef: float) -> dict[str, float]:
+    """One optimizer step of ``-min(r·A, clip(r)·A) - entropy_coef·H + kl_coef·KL`` with the
+    bounds of the configured clip rule; figures summed over every micro-batch and rank."""
+    config, learner = trainer.config, trainer.learner
+    bounds = CLIP_RULES[config.clip_rule](config, lambda: learner.prepass(minibatch))
+    sums = torch.zeros(7, device=learner.device)  # Σw·H, P, N, held low, held high, tokens, Σ(old-new)
+    ratios: list[torch.Tensor] = []
+
+    def per_token_loss(micro: TokenBatch) -> torch.Tensor:
+        logp, entropy = learner.logprobs(micro, with_entropy=True)
+        loss = clipped_surrogate(
+            logp, micro.old_logp, micro.advantages, clip_low=bounds.low, clip_high=bounds.high,
+            dual_clip=config.dual_clip,
+        )  # fmt: skip
+        loss = loss - config.entropy_coef * entropy
+        if kl_coef:
+            loss = loss + kl_coef * kl_k3(logp, learner.reference_logprobs(micro))
+        with torch.no_grad():
+            ratio, mask = importance_ratio(logp, micro.old_logp), micro.loss_mask
+            signed = (
+                ratio
+                * micro.advantages
+                * torch.where(micro.advantages >= 0, ratio <= bounds.high, ratio >= bounds.low)
+                * mask
+            )
+            sums.add_(torch.stack([
+                (entropy * micro.token_weight).sum(), signed.clamp(min=0).sum(), (-signed).clamp(min=0).sum(),
+                *clip_fractions(ratio, micro.advantages, mask, bounds.low, bounds.high),
+                ((micro.old_logp - logp) * mask).sum(),
+            ]))  # fmt: skip
+            ratios.append(ratio[mask.bool()].float().cpu())
+        return loss
+
+    loss = learner.optimize(minibatch, per_token_loss)
+    entropy, positive, negative, held_low, held_high, tokens, logp_drop = trainer.dp.sum(sums).tolist()
+    rho = (
+        bounds.rho
+        if bounds.rho is not None
+        else positive / (positive + negative)
+        if positive + negative
+        else 1.0
+    )
+    return {
+        "clip_low": bounds.low,
+        "clip_high": bounds.high,
+        "positive_share": rho,
+        "clip_frac_low": held_low / max(tokens, 1),
+        "clip_frac_high": held_high / max(tokens, 1),
+        "approx_kl": logp_drop / max(tokens, 1),
+        "entropy": entropy,
+        **_ratio_figures(trainer.dp.gather(ratios)),
+        "loss": loss,
+    }
+
+
+class ClippedRL:
+    """Collect groups of episodes, turn their rewards into advantages, update the policy."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        self.expert: list[Trajectory] | None = None
+
+    @staticmethod
+    def rl_steps(config: Any) -> int:
+        return config.steps
+
+    def step(self, step: int) -> dict[str, Any]:
+        """Take this step's episodes (sync: play them now; async: those played during the
+        last update), start playing the next step's (async), then update."""
+        trainer, config = self.trainer, self.trainer.config
+        if config.kl_coef:
+            trainer.learner.take_reference(trainer.run_dir.path / "reference.pt")
+        start, horizon = time.perf_counter(), trainer.horizon(step)
+        episodes, samples, figures = trainer.collector.collect(step, trainer.version, horizon)
+        record = {"step": step, "phase": "rl", "mode": config.mode, "max_turns": horizon}
+        record |= rollout_stats(episodes) | figures | {"wait_s": _since(start)}
+        if config.mode == "async" and step < trainer.total_steps:
+            trainer.collector.launch(step + 1, trainer.horizon(step + 1))
+        start = time.perf_counter()
+        if samples:
+            batch = collate(
+                [token_record(s.trajectory) for s in samples], [s.advantage for s in samples], trainer.pad_id
+            )
+            # Async: the update runs in a thread while the event loop plays the next step's episodes.
+            record |= trainer.in_background(update_policy, trainer, batch, config.kl_coef)
+        else:
+            record |= {"updates": [], "skipped": "no episode to train on this step"}
+        return record | {"update_s": _since(start)}
+
+    def demonstrations(self) -> list[dict[str, Any]]:
+        return [token_record(t) for t in self.expert_episodes()]
+
+    def expert_episodes(self) -> list[Trajectory]:
+        """Expert episodes on train tasks, played once per run and kept in the run folder."""
+        if self.expert is None:
+            trainer, config = self.trainer, self.trainer.config
+            path = trainer.run_dir.path / "expert.jsonl"
+            if trainer.dp.main and (not path.exists() or not read_trajectories(path)):
+                specs = [EpisodeSpec(t, split="train") for t in trainer.train_tasks[: config.bc_episodes]]
+                rollout = RolloutConfig(concurrency=config.concurrency, format=config.agent_format)
+                episodes = trainer.complete(
+                    run_episodes(trainer.url, TokenizedExpert(trainer.tokenizer), specs, rollout)
+                )
+                with TrajectoryWriter(path) as writer:
+                    for e in episodes:
+                        if e.success and e.token_ids and len(e.token_ids) <= config.bc_max_tokens:
+                            writer.write(e)
+            trainer.dp.barrier()  # the other ranks read what rank 0 wrote
+            self.expert = read_trajectories(path)
+            if not self.expert:
+                raise RuntimeError("the expert solved no train task: nothing to clone")
+        return self.expert
+
+    def evaluate(self) -> dict[str, Any]:
+        """Greedy success rate on the first ``eval_tasks`` test tasks at the final horizon."""
+        trainer, config = self.trainer, self.trainer.config
+        specs = [EpisodeSpec(t, split="test") for t in trainer.test_tasks[: config.eval_tasks]]
+        rollout = RolloutConfig(
+            max_turns=trainer.horizon(trainer.total_steps),
+            sampling=sampling(config, greedy=True),
+            concurrency=config.concurrency,
+            format=config.agent_format,
+        )
+        if config.mode == "async":  # the generator is busy with the next step, a version behind
+            episodes = trainer.complete(run_episodes(trainer.url, trainer.learner.policy, specs, rollout))
+        else:
+            trainer.collector.publish()
+            episodes = trainer.complete(trainer.collector.generator.evaluate(specs, rollout))
+        return {"eval_success_rate": _mean(float(e.success) for e in episodes)}
+
+
+class AgentEvol(ClippedRL):
+    """AgentEvol: explore (sample episodes), then learn from the base model again on
+    expert ∪ explored, each episode weighted by its reward (filtered BC with a threshold)."""
+
+    @staticmethod
+    def rl_steps(config: Any) -> int:
+        return config.evol_iterations
+
+    def step(self, step: int) -> dict[str, Any]:
+        trainer, config = self.trainer, self.trainer.config
+        start = time.perf_counter()
+        explored, _, _ = trainer.collector.collect(step, trainer.version, config.max_turns)
+        explored = [e for e in explored if not e.errored and e.token_ids]
+        record = {"step": step, "phase": "rl", "max_turns": config.max_turns, **rollout_stats(explored)}
+        record["rollout_s"] = _since(start)
+        trainer.learner.reset_to_initial()
+        rewards = torch.tensor([e.score for e in explored])
+        weights = [1.0] * len(self.expert_episodes()) + agentevol_weights(
+            rewards, config.evol_reward_threshold
+        ).tolist()
+        # Zero-weight episodes teach nothing and would only dilute the token mean.
+        data = [(e, w) for e, w in zip([*self.expert_episodes(), *explored], weights, strict=True) if w > 0]
+        rng = random.Random(config.seed * 104729 + len(explored))
+        losses = []
+        for _ in range(max(1, config.bc_steps)):
+            chosen = rng.sample(data, min(config.minibatch_size, len(data)))
+            batch = collate([token_record(e) for e, _ in chosen], [w for _, w in chosen], trainer.pad_id)
+            losses.append(trainer.learner.optimize(trainer.minibatch(batch), nll(trainer.learner)))
+        return record | {"loss": _mean(losses), "learn_episodes": len(data), "update_s": _since(start)}
+
+
+# ----- figures ---------------------------------------------------------------------------------
+
+
+def rollout_stats(episodes: list[Trajectory]) -> dict[str, Any]:
+    finished = [e for e in episodes if not e.errored]
+    return {
+        "episodes": len(episodes),
+        "errored": len(episodes) - len(finished),
+        "success_rate": _mean(float(e.success) for e in finished),
+        "reward_mean": _mean(e.score for e in finished),
+        "turns_mean": _mean(e.turns for e in finished),
+        "generated_tokens": sum(e.generated_tokens or 0 for e in finished),
+        # Summed over concurrent episodes: their ratio splits the rollout's wall time.
+        "generation_s_sum": round(sum(e.timings.get("generation", 0.0) for e in finished), 2),
+        "env_s_sum": round(sum(e.timings.get("env", 0.0) for e in finished), 2),
+    }
+
+
+def _ratio_figures(ratios: list[torch.Tensor]) -> dict[str, float]:
+    """The importance ratio π_θ/π_behaviour over the update's agent tokens: quantiles and max."""
+    values = torch.cat(ratios) if ratios else torch.ones(1)
+    values = values if values.numel() else torch.ones(1)
+    quantiles = torch.quantile(values, torch.tensor([0.05, 0.5, 0.95]))
+    return {
+        "ratio_p05": round(float(quantiles[0]), 4),
+        "ratio_p50": round(float(quantiles[1]), 4),
+        "ratio_p95": round(float(quantiles[2]), 4),
+        "ratio_max": round(float(values.max()), 4),
+    }
+
+
+def _mean(values: Any) -> float:
+    values = list(values)
+    return float(sum(values) / len(values)) if values else 0.0
+
+
+def _since(start: float) -> float:
+    return round(time.perf_counter() - start, 2)

@@ -1,0 +1,154 @@
+"""The algorithm registry: every ``--algo`` name is a :class:`Preset`, a row of this file.
+
+A preset names an advantage estimator (how episodes become advantages), a clip rule (the
+ratio bounds of the clipped policy loss), the recipe that trains with them, and the config
+defaults its paper uses. The trainer looks things up here and never branches on a name.
+
+Adding an algorithm: one function (an estimator below, a clip rule, or a recipe in
+``recipes.py``) plus one entry here. Estimator and clip rule are independent config fields
+(``advantage``, ``clip_rule``), so BAPO's clipping composes with any estimator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from agentgym.trainers.algorithms import (
+    bapo_bounds,
+    grpo_advantages,
+    reinforce_pp_advantages,
+    rloo_advantages,
+)
+from agentgym.trajectory import Trajectory
+
+Advantage = float | list[float]
+"""An episode's advantage: one number for every agent token, or one per agent turn."""
+AdvantageEstimator = Callable[[Sequence[Trajectory], Tensor], list[Advantage]]
+"""``f(episodes, group_ids [B]) -> one Advantage per episode``: whole episodes go in (per-turn
+rewards and observations), so per-turn estimators such as GiGPO fit the same slot."""
+
+
+def outcome(advantages: Callable[[Tensor, Tensor], Tensor]) -> AdvantageEstimator:
+    """An estimator from a function of the episodes' outcome scores and group ids."""
+
+    def estimate(episodes: Sequence[Trajectory], group_ids: Tensor) -> list[Advantage]:
+        rewards = torch.tensor([float(e.score) for e in episodes])
+        return advantages(rewards, group_ids).tolist()
+
+    return estimate
+
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
+    "grpo": outcome(grpo_advantages),
+    "grpo-unscaled": outcome(partial(grpo_advantages, normalize_std=False)),  # Dr. GRPO
+    "rloo": outcome(rloo_advantages),
+    "reinforce++-baseline": outcome(reinforce_pp_advantages),
+    "batch-whitened": outcome(lambda rewards, _: reinforce_pp_advantages(rewards)),
+}
+
+
+@dataclass(frozen=True)
+class Prepass:
+    """What a clip rule may look at before an update: this rank's share of the minibatch
+    under the current weights (no gradient), and how to sum figures over ranks."""
+
+    logp: Tensor
+    old_logp: Tensor
+    advantages: Tensor
+    mask: Tensor
+    reduce: Callable[[Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class Bounds:
+    low: float
+    high: float
+    rho: float | None = None
+    """BAPO: the positive share its search reached over the whole minibatch (all ranks)."""
+
+
+ClipRule = Callable[[Any, Callable[[], Prepass]], Bounds]
+"""``rule(config, prepass) -> Bounds``; ``prepass()`` costs a forward, so only call it if needed."""
+
+
+def fixed_bounds(config: Any, prepass: Callable[[], Prepass]) -> Bounds:
+    """PPO ``[1-ε, 1+ε]``; DAPO's clip-higher when ``eps_high > eps_low``."""
+    return Bounds(1 - config.clip.eps_low, 1 + config.clip.eps_high)
+
+
+def bapo_search(config: Any, prepass: Callable[[], Prepass]) -> Bounds:
+    """BAPO: bounds searched on the whole minibatch under the current weights."""
+    data = prepass()
+    low, high, rho = bapo_bounds(
+        data.logp, data.old_logp, data.advantages, data.mask, config.bapo, data.reduce
+    )
+    return Bounds(low, high, rho)
+
+
+CLIP_RULES: dict[str, ClipRule] = {"fixed": fixed_bounds, "bapo": bapo_search}
+
+
+@dataclass(frozen=True)
+class Preset:
+    summary: str
+    """One line for ``agentgym train --help`` and the docs: what the name promises."""
+    recipe: str
+    """``rl`` (the clipped family), ``agentevol`` or ``critique-rl`` (see ``recipes.py``)."""
+    advantage: str = "grpo"
+    clip_rule: str = "fixed"
+    defaults: dict[str, Any] = field(default_factory=dict)
+    """Config fields its paper sets (dotted for nested configs); the user's values win."""
+
+
+PRESETS: dict[str, Preset] = {
+    "bapo": Preset(
+        "BAPO (arXiv 2510.18927): GRPO advantages, ratio bounds searched every update, dual-clip 3",
+        "rl",
+        clip_rule="bapo",
+        defaults={"dual_clip": 3.0},
+    ),
+    "grpo": Preset("GRPO: group-normalised outcome advantages, PPO clip 0.2", "rl"),
+    "dapo": Preset(
+        "DAPO (arXiv 2503.14476): clip-higher 0.28, dynamic sampling that refills the batch, token mean",
+        "rl",
+        defaults={"clip.eps_high": 0.28, "dynamic_sampling": True, "loss_aggregation": "token-mean"},
+    ),
+    "dr-grpo": Preset(
+        "Dr. GRPO (arXiv 2503.20783): GRPO without std or length normalisation",
+        "rl",
+        advantage="grpo-unscaled",
+        defaults={"loss_aggregation": "seq-sum-norm"},
+    ),
+    "rloo": Preset("RLOO: leave-one-out group baseline, PPO clip 0.2", "rl", advantage="rloo"),
+    "reinforce++": Preset(
+        "REINFORCE++-baseline (arXiv 2501.03262): group mean subtracted, then batch whitening; PPO clip",
+        "rl",
+        advantage="reinforce++-baseline",
+    ),
+    "ppo": Preset(
+        "PPO-clip on batch-whitened outcome rewards: no value network, no GAE",
+        "rl",
+        advantage="batch-whitened",
+    ),
+    "agentevol": Preset(
+        "AgentEvol (arXiv 2406.04151): behaviour cloning, then explore + reward-weighted learn", "agentevol"
+    ),
+    "critique-rl": Preset(
+        "Critique-RL (arXiv 2510.24320): two-stage RL of a critic, RLOO over its critiques, KL 0.01",
+        "critique-rl",
+        advantage="rloo",
+        defaults={"kl_coef": 0.01},
+    ),
+}
+"""``--algo`` names. AgentEvol and Critique-RL use their own recipes (``recipes.py``)."""
+
+
+def algo_help() -> str:
+    """The ``--algo`` help text: every name with what it is."""
+    return "; ".join(f"{name}: {preset.summary}" for name, preset in PRESETS.items())
