@@ -27,6 +27,7 @@ from rich.table import Table
 
 from agentgym import registry
 from agentgym.errors import AgentGymError
+from agentgym.inputs import decimal
 from agentgym.trainers.cli import register as register_training_commands
 
 if TYPE_CHECKING:
@@ -118,9 +119,10 @@ def parse_replica_counts(specs: list[str]) -> dict[str, int]:
     for spec in specs:
         name, sep, count = spec.partition("=")
         require_env(name)
-        if sep and not (count.isdigit() and int(count) >= 1):
+        number = decimal(count) if sep else 1
+        if not number:
             raise fail(f"expected ENV or ENV=N with N >= 1, got {spec!r}", EXIT_USAGE)
-        counts[name] = int(count) if sep else 1
+        counts[name] = number
     return counts
 
 

@@ -26,9 +26,10 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from agentgym.errors import EpisodeOver, InvalidAction, UnknownTask
+from agentgym.errors import EpisodeOver, UnknownTask
+from agentgym.inputs import MAX_ACTION_CHARS, ActionRules, check_common_options, clean_action
 
-MAX_ACTION_CHARS = 2000
+__all__ = ["MAX_ACTION_CHARS", "WEB_PREFIX", "ActionRules", "Task", "TaskListsMixin", "TextEnv", "Transition"]
 WEB_PREFIX = "/site"
 """Where servers mount an environment's :meth:`TextEnv.web_router` (its own web pages)."""
 
@@ -67,6 +68,8 @@ class TextEnv(abc.ABC):
     action_format: ClassVar[str] = "free text"
     reward_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
     default_max_turns: ClassVar[int] = 30
+    action_rules: ClassVar[ActionRules] = ActionRules()
+    """What the engine accepts as an action (see :mod:`agentgym.inputs`)."""
 
     def __init__(self, *, max_turns: int | None = None) -> None:
         self.max_turns = max_turns or self.default_max_turns
@@ -149,9 +152,9 @@ class TextEnv(abc.ABC):
     ) -> tuple[str, dict[str, Any]]:
         """Start an episode on ``task_id`` (or, without one, a task of ``options["split"]``,
         default ``train``, drawn with ``seed``)."""
-        options = dict(options or {})
+        options = self.check_options(options)
         task = self._choose_task(task_id, seed, options)
-        self._episode_max_turns = int(options.get("max_turns") or self.max_turns)
+        self._episode_max_turns = options.get("max_turns") or self.max_turns
         transition = self._reset(task, seed, options)
         self._task, self._turn, self._done = task, 0, False
         self._score = transition.score
@@ -175,16 +178,17 @@ class TextEnv(abc.ABC):
         observation, info = self._record(transition, truncated)
         return observation, reward, terminated, truncated, info
 
-    @staticmethod
-    def validate_action(action: object) -> str:
-        if not isinstance(action, str):
-            raise InvalidAction(f"action must be a string, got {type(action).__name__}")
-        action = action.strip()
-        if not action:
-            raise InvalidAction("action is empty")
-        if len(action) > MAX_ACTION_CHARS:
-            raise InvalidAction(f"action is longer than {MAX_ACTION_CHARS} characters")
-        return action
+    @classmethod
+    def validate_action(cls, action: object) -> str:
+        """The action as the engine gets it, or InvalidAction (400) under ``action_rules``.
+        Servers call it before the engine thread; ``step`` calls it again for in-process
+        users (it is idempotent and costs microseconds)."""
+        return clean_action(action, cls.action_rules)
+
+    def check_options(self, options: object) -> dict[str, Any]:
+        """Reset options type-checked (SchemaError, 422) before any engine sees them.
+        Envs with options of their own extend it (call ``super().check_options`` first)."""
+        return check_common_options(options)
 
     @property
     def current_task(self) -> Task | None:
@@ -214,6 +218,7 @@ class TextEnv(abc.ABC):
             "description": self.description,
             "instruction": self.instruction(),
             "action_format": self.action_format,
+            "max_action_chars": self.action_rules.max_chars,
             "splits": self.splits(),
             "max_turns": self.max_turns,
             "reward_range": list(self.reward_range),

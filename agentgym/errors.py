@@ -27,14 +27,17 @@ class AgentGymError(Exception):
 
 
 class InvalidPayload(AgentGymError):
-    """The request body is not valid JSON or not an object."""
+    """The request body is not a JSON object: malformed or not UTF-8, nested too deeply,
+    a number too long to parse, or a value that is not an object."""
 
     status = 400
     code = "invalid_payload"
 
 
 class InvalidAction(AgentGymError):
-    """The action is empty, too long, or not something the environment can parse."""
+    """The action breaks the env's input rules (empty, too long, a control character, a lone
+    surrogate, a character its engine cannot take) or the env cannot parse it. The session is
+    unchanged: the turn did not happen."""
 
     status = 400
     code = "invalid_action"
@@ -83,7 +86,8 @@ class PayloadTooLarge(AgentGymError):
 
 
 class SchemaError(AgentGymError):
-    """Fields are missing, of the wrong type, or not allowed."""
+    """Fields, or reset options such as ``options.max_turns``, are missing, of the wrong type,
+    out of range, or not allowed."""
 
     status = 422
     code = "validation_error"

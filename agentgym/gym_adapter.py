@@ -87,9 +87,22 @@ class AgentGymEnv(gym.Env[str, str]):
         self.task_id = task_id
         self.max_turns = max_turns
         self.observation_space = AnyText(MAX_OBSERVATION_CHARS, min_length=0)
-        self.action_space = AnyText(MAX_ACTION_CHARS)
         self._client = EnvClient(self.base_url, token=token)
         self._session_id: str | None = None
+        self._action_space: AnyText | None = None
+
+    @property
+    def action_space(self) -> AnyText:  # type: ignore[override]
+        """Text up to the server's ``max_action_chars`` (asked once, on first use: a
+        Z-machine game takes 198, most envs 2000); 2000 where the server does not say."""
+        if self._action_space is None:
+            metadata = self._client.metadata()
+            self._action_space = AnyText(metadata.max_action_chars or MAX_ACTION_CHARS)
+        return self._action_space
+
+    @action_space.setter
+    def action_space(self, space: AnyText) -> None:
+        self._action_space = space
 
     @property
     def session_id(self) -> str | None:

@@ -71,6 +71,8 @@ class Metadata(_Response):
     description: str
     instruction: str
     action_format: str
+    max_action_chars: int | None = None
+    """Longest action the env takes, in characters (older servers do not say)."""
     splits: dict[str, int]
     max_turns: int
     reward_range: list[float]

@@ -21,6 +21,24 @@ hand. Every env server serves the live spec at `/openapi.json` and a browsable U
 """
 
 
+INPUT_RULES = """\
+## Input rules
+
+Requests are checked before any engine sees them; a refused request changes nothing (the
+session, its turn and the engine-error count stay as they were). An action is normalised
+(Unicode NFC, or NFKC where the engine needs it) and stripped, then refused with 400
+`invalid_action` when it is empty, longer than the env's `max_action_chars` (`/metadata`),
+contains a control character other than tab/newline/carriage return or a lone surrogate,
+or breaks the env's own rules (textworld: printable ASCII only, no backslash, 198 bytes at
+most; see docs/envs). Reset options are type-checked with 422 `validation_error`:
+`options.max_turns` is null or an integer 0..100000 (0 and null mean the env's default;
+an integral float such as `5.0` counts as an integer), `options.split` a string,
+`options.index` an integer >= 0, plus each env's own options. 503 `engine_failed` means
+only that the engine itself failed (the session is closed); it is never the answer to a
+bad request.
+"""
+
+
 def render(spec: dict[str, Any]) -> str:
     lines = [
         HEADER,
@@ -37,6 +55,7 @@ def render(spec: dict[str, Any]) -> str:
     lines.append(
         "\n429 answers carry `Retry-After` (seconds). 401 only when the server runs with `--token`.\n"
     )
+    lines.append(INPUT_RULES)
     for tag in ("v1", "agentgym-compat"):
         lines.append("## Routes: " + ("wire API v1" if tag == "v1" else "AgentGym-compatible"))
         lines.append("")

@@ -144,9 +144,10 @@ def _v1_router(config: ServerConfig, catalog: TextEnv, sessions: SessionManager,
     @router.post("/sessions", status_code=201, response_model=SessionCreated)
     async def create_session(body: CreateSessionRequest | None = None) -> dict[str, Any]:
         """Open a session with its own engine and start an episode; 429 when at capacity."""
+        kwargs = _reset_kwargs(catalog, body)  # bad options are refused before an engine is built
         session = await sessions.open()
         try:
-            observation, info = await sessions.call(session, session.env.reset, **_reset_kwargs(body))
+            observation, info = await sessions.call(session, session.env.reset, **kwargs)
         except BaseException:
             with contextlib.suppress(AgentGymError):
                 await sessions.close(session.session_id)
@@ -158,7 +159,7 @@ def _v1_router(config: ServerConfig, catalog: TextEnv, sessions: SessionManager,
         """Start a new episode in the session: on the task chosen as for create, or, when the
         body names none (no task_id, split or index), on the session's current task again."""
         session = sessions.get(session_id)
-        kwargs = _reset_kwargs(body)
+        kwargs = _reset_kwargs(catalog, body)
         current = session.env.current_task
         if current and not (body and (body.task_id or body.split or body.index is not None)):
             kwargs["task_id"] = current.task_id
@@ -168,9 +169,10 @@ def _v1_router(config: ServerConfig, catalog: TextEnv, sessions: SessionManager,
     @router.post("/sessions/{session_id}/step", response_model=StepResult)
     async def step_session(session_id: str, body: StepRequest) -> dict[str, Any]:
         """Play one action. 409 once the episode terminated or was truncated."""
+        action = catalog.validate_action(body.action)  # before the engine thread: 400, session intact
         session = sessions.get(session_id)
         observation, reward, terminated, truncated, info = await sessions.call(
-            session, session.env.step, body.action
+            session, session.env.step, action
         )
         if terminated or truncated:
             metrics.episode_finished(terminated, bool(info.get("success")))
@@ -201,11 +203,12 @@ def _v1_router(config: ServerConfig, catalog: TextEnv, sessions: SessionManager,
     return router
 
 
-def _reset_kwargs(body: CreateSessionRequest | ResetRequest | None) -> dict[str, Any]:
-    """Map a create/reset body onto ``TextEnv.reset`` keyword arguments."""
+def _reset_kwargs(catalog: TextEnv, body: CreateSessionRequest | ResetRequest | None) -> dict[str, Any]:
+    """Map a create/reset body onto ``TextEnv.reset`` keyword arguments, its options
+    checked by the env's rules (SchemaError, 422) so no engine sees a bad one."""
     if body is None:
         return {}
-    options = dict(body.options or {})
+    options = catalog.check_options(body.options)
     if body.split is not None:
         options["split"] = body.split
     if body.index is not None:

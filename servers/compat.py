@@ -80,9 +80,10 @@ def compat_router(catalog: TextEnv, sessions: SessionManager) -> APIRouter:
     @router.post("/step")
     async def step(body: CompatStep) -> dict[str, Any]:
         """Play one action; ``done`` is terminated or truncated."""
+        action = catalog.validate_action(body.action)  # before the engine thread: 400, session intact
         session = session_for(body.id)
         observation, reward, terminated, truncated, info = await sessions.call(
-            session, session.env.step, body.action
+            session, session.env.step, action
         )
         response = {
             "observation": observation,

@@ -170,14 +170,24 @@ class SciWorldEnv(TextEnv):
             }
         return fields
 
+    def check_options(self, options: object) -> dict[str, Any]:
+        """The common options plus ``simplifications`` and ``available_actions``, checked
+        before a JVM is touched."""
+        options = super().check_options(options)
+        if "simplifications" in options:
+            options["simplifications"] = _check_simplifications(options["simplifications"])
+        if "available_actions" in options:
+            options["available_actions"] = _check_actions_option(options["available_actions"])
+        return options
+
     # ----- episode ---------------------------------------------------------------------
 
     def _reset(self, task: Task, seed: int | None, options: dict[str, Any]) -> Transition:
         # The variation fixes the world; ``seed`` only picks a task (base class).
         task_type, variation = parse_task_id(task.task_id)
-        simplifications = _check_simplifications(options.get("simplifications", self.simplifications))
+        simplifications = options.get("simplifications", self.simplifications)
         _refuse_electrical_removal(task_type, simplifications)
-        self._episode_actions = _check_actions_option(options.get("available_actions", self.actions_in_info))
+        self._episode_actions = options.get("available_actions", self.actions_in_info)
         jvm = self._acquire()
         with self._engine_call(jvm):
             jvm.episodes += 1

@@ -19,6 +19,7 @@ from functools import cache
 
 from agentgym.core import Task
 from agentgym.errors import UnknownTask
+from agentgym.inputs import decimal
 
 SPLITS = ("train", "dev", "test")
 
@@ -124,9 +125,10 @@ def parse_task_id(task_id: str) -> tuple[TaskType, int]:
     """``"boil/3"`` -> (boil, 3); UnknownTask when the id names no task."""
     name, _, variation = task_id.rpartition("/")
     task_type = BY_KEY.get(name)
-    if task_type is None or not variation.isdigit() or int(variation) >= task_type.variations:
+    number = decimal(variation)
+    if task_type is None or number is None or number >= task_type.variations:
         raise UnknownTask(f"unknown ScienceWorld task id {task_id!r} (expected '<task name>/<variation>')")
-    return task_type, int(variation)
+    return task_type, number
 
 
 def agentgym_task_id(data_idx: int) -> str:

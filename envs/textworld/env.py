@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import textworld
 
 from agentgym.cache import cache_dir as agentgym_cache_dir
-from agentgym.core import Task, TaskListsMixin, TextEnv, Transition
+from agentgym.core import ActionRules, Task, TaskListsMixin, TextEnv, Transition
 from agentgym.envs.textworld.store import GameStore, game_store
 from agentgym.envs.textworld.tasks import DIFFICULTIES, build_tasks, game_spec
 
@@ -57,6 +57,20 @@ unlock door with key, put apple on table, insert key into box, cook potato with 
 slice carrot with knife, prepare meal, eat meal.
 
 Reply with the command only."""
+
+Z_MACHINE_ACTIONS = ActionRules(
+    max_chars=198,  # = max_bytes: the actions are ASCII
+    max_bytes=198,
+    normal_form="NFKC",
+    allowed=re.compile(r"[ -~]"),
+    allowed_doc="printable ASCII only (the Z-machine reads ZSCII, and game vocabularies are ASCII)",
+    forbidden="\\",
+)
+"""Jericho hands actions to a C Z-machine interpreter (frotz): NUL or 0x0E-0x15 in an
+action made it segfault, a leading backslash starts one of frotz's own meta-commands
+(``\\help``) that waits for more input for ever, and it reads 198 bytes at most (jericho
+cut longer actions, mid-character too). NFKC first folds full-width letters and the like
+into ASCII."""
 
 _BANNER = re.compile(r"^(?:[ \t_|\\/$<>]*\n)+")
 """The leading ASCII-art lines (only drawing characters) of the opening text."""
@@ -102,6 +116,7 @@ class TextWorldEnv(TaskListsMixin, TextEnv):
     action_format: ClassVar[str] = "one short imperative command, e.g. 'go north', 'take coin'"
     reward_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
     default_max_turns: ClassVar[int] = DEFAULT_MAX_TURNS["easy"]
+    action_rules: ClassVar[ActionRules] = Z_MACHINE_ACTIONS
 
     def __init__(
         self,

@@ -38,6 +38,7 @@ from agentgym.envs.webshop.shop import (
 from agentgym.envs.webshop.site import local_site_url, site_router
 from agentgym.envs.webshop.world import CatalogSource, World, shared_world
 from agentgym.errors import EngineError, UnknownTask
+from agentgym.inputs import decimal
 
 MODES = ("text", "browser")
 SEARCH_ACTION = "search[<query>]"
@@ -217,9 +218,10 @@ class WebShopEnv(TaskListsMixin, TextEnv):
         and servers build an instance per session)."""
         split, _, index = task_id.partition("/")
         tasks = self.world.tasks.get(split, [])
-        if not index.isdigit() or int(index) >= len(tasks):
+        number = decimal(index)
+        if number is None or number >= len(tasks):
             raise UnknownTask(f"unknown task id {task_id!r} for env {self.name!r}")
-        return tasks[int(index)]
+        return tasks[number]
 
     def instruction(self) -> str:
         return INSTRUCTION

@@ -33,6 +33,7 @@ from agentgym.core import WEB_PREFIX
 from agentgym.envs.webshop.shop import BACK, BUY, DETAILS, NEXT, PREV, PageModel, ShopState, next_state
 from agentgym.envs.webshop.world import World
 from agentgym.errors import UnknownTask
+from agentgym.inputs import decimal
 
 LANDING_TASKS = 20
 """Tasks per split linked from the landing page."""
@@ -115,7 +116,7 @@ def _chosen(pairs: Iterable[str]) -> tuple[tuple[str, str], ...]:
 
 def _page_number(text: str) -> int:
     """A results page number from a URL or form; anything but a positive integer means 1."""
-    return int(text) if text.isdigit() and int(text) > 0 else 1
+    return decimal(text) or 1
 
 
 def _page(world: World, split: str, index: int, state: ShopState) -> str:
