@@ -156,6 +156,7 @@ def gateway(
     port: Annotated[int, typer.Option(envvar="AGENTGYM_PORT", help="TCP port.")] = 8100,
     health_interval: Annotated[float, typer.Option(min=0.1, help="Seconds between replica polls.")] = 2.0,
     timeout: Annotated[float, typer.Option(min=1, help="Seconds a forwarded request may take.")] = 120.0,
+    max_body_bytes: Annotated[int, typer.Option(min=1, help="Larger request bodies get 413.")] = 64 * 1024,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
 ) -> None:
     """Serve /envs/ENV/... from replicas of each env: new sessions to the least-loaded
@@ -166,7 +167,10 @@ def gateway(
     from agentgym.servers.launcher import KEEP_ALIVE_S
 
     settings = GatewayConfig(
-        parse_replica_urls(replica, config), health_interval=health_interval, timeout=timeout
+        parse_replica_urls(replica, config),
+        health_interval=health_interval,
+        timeout=timeout,
+        max_body_bytes=max_body_bytes,
     )
     application = create_gateway_app(settings)
     uvicorn.run(application, host=host, port=port, log_level=log_level, timeout_keep_alive=KEEP_ALIVE_S)

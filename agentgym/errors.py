@@ -71,6 +71,13 @@ class NotFound(AgentGymError):
     code = "not_found"
 
 
+class MethodNotAllowed(AgentGymError):
+    """The route exists but not with this HTTP method."""
+
+    status = 405
+    code = "method_not_allowed"
+
+
 class EpisodeOver(AgentGymError):
     """``step`` was called after the episode terminated or was truncated; reset first."""
 
@@ -123,6 +130,7 @@ ERRORS_BY_CODE: dict[str, type[AgentGymError]] = {
         UnknownTask,
         UnknownEnv,
         NotFound,
+        MethodNotAllowed,
         EpisodeOver,
         PayloadTooLarge,
         SchemaError,

@@ -105,15 +105,15 @@ def check_common_options(options: object) -> dict[str, Any]:
         raise SchemaError(f"options must be an object, got {type(options).__name__}")
     options = dict(options)
     if options.get("max_turns") is not None:
-        options["max_turns"] = _integer(options["max_turns"], "options.max_turns", 0, MAX_TURNS_LIMIT)
+        options["max_turns"] = as_integer(options["max_turns"], "options.max_turns", 0, MAX_TURNS_LIMIT)
     if "split" in options and not isinstance(options["split"], str):
         raise SchemaError(f"options.split must be a string, got {type(options['split']).__name__}")
     if "index" in options:
-        options["index"] = _integer(options["index"], "options.index", 0, None)
+        options["index"] = as_integer(options["index"], "options.index", 0, None)
     return options
 
 
-def _integer(value: object, name: str, low: int, high: int | None) -> int:
+def as_integer(value: object, name: str, low: int, high: int | None = None) -> int:
     """``value`` as an int in [low, high]: JSON integers, and floats with an integral
     value (5.0); never bools, strings, NaN or infinities."""
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():

@@ -22,7 +22,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentgym import registry
 from agentgym.core import WEB_PREFIX, TextEnv
-from agentgym.errors import AgentGymError, InvalidPayload, NotFound, SchemaError, UnknownTask
+from agentgym.errors import (
+    AgentGymError,
+    InvalidPayload,
+    MethodNotAllowed,
+    NotFound,
+    SchemaError,
+    UnknownTask,
+)
 from agentgym.servers.compat import compat_router
 from agentgym.servers.metrics import CONTENT_TYPE, ServerMetrics
 from agentgym.servers.middleware import BearerTokenMiddleware, BodySizeLimitMiddleware
@@ -63,6 +70,8 @@ class ServerConfig:
     engine_threads: int = 16
     """Threads that run blocking engine calls."""
 
+
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse} for status in (400, 404, 409, 413, 422, 429, 503)
@@ -234,8 +243,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        if exc.status_code == 404:
-            return error_response(NotFound(f"no such route: {exc.detail}"))
+        documented = _documented_http_error(exc)
+        if documented is not None:
+            return error_response(documented)
         body = {"error": {"code": f"http_{exc.status_code}", "message": str(exc.detail)}}
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
@@ -243,6 +253,20 @@ def install_error_handlers(app: FastAPI) -> None:
     async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error")
         return JSONResponse({"error": {"code": "internal_error", "message": str(exc)}}, status_code=500)
+
+
+def _documented_http_error(exc: StarletteHTTPException) -> AgentGymError | None:
+    """Starlette's and FastAPI's own HTTP errors as our documented codes: 404 unknown
+    route, 405 wrong method, and 400, which FastAPI raises when it cannot parse a body at
+    all (not UTF-8, nested deeper than the JSON parser's recursion limit, an integer
+    longer than Python's 4300-digit limit)."""
+    if exc.status_code == 404:
+        return NotFound(f"no such route: {exc.detail}")
+    if exc.status_code == 405:
+        return MethodNotAllowed(str(exc.detail))
+    if exc.status_code == 400:
+        return InvalidPayload(f"request body could not be parsed as JSON: {exc.detail}")
+    return None
 
 
 def _is_unparseable_body(error: dict[str, Any]) -> bool:
@@ -280,4 +304,7 @@ class MetricsMiddleware:
             await self.app(scope, receive, send_and_record_status)
         finally:
             route = getattr(scope.get("route"), "path", "unmatched")
-            self.metrics.observe(route, scope["method"], status, time.perf_counter() - start)
+            # Any token is a valid HTTP method: label only the standard ones, so made-up
+            # methods cannot create label sets without bound.
+            method = scope["method"] if scope["method"] in HTTP_METHODS else "other"
+            self.metrics.observe(route, method, status, time.perf_counter() - start)

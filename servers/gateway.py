@@ -33,14 +33,17 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
-from agentgym.errors import AtCapacity, EngineError, SchemaError, UnknownEnv, UnknownSession
+from agentgym.errors import AtCapacity, EngineError, InvalidPayload, UnknownEnv, UnknownSession
+from agentgym.inputs import as_integer, decimal
 from agentgym.servers.app import install_error_handlers
+from agentgym.servers.middleware import BodySizeLimitMiddleware
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +70,9 @@ class GatewayConfig:
     """Seconds a forwarded request may take (a slow engine step included)."""
     max_connections: int = 512
     """Connections the gateway keeps open to the replicas, in all."""
+    max_body_bytes: int = 64 * 1024
+    """Larger request bodies get 413 at the gateway, before anything is forwarded (the
+    env servers' default limit too)."""
 
 
 @dataclass
@@ -224,7 +230,8 @@ class Gateway:
         """Forward a call of session ``session_id`` to the replica that holds it."""
         key, _, local_id = session_id.partition("-")
         replica = self.fleet.by_key(env, key)
-        upstream = await self.send(replica, request, f"/sessions/{local_id}{rest}")
+        # Quoted: a '?' or '#' in a made-up id must not become the replica's query or fragment.
+        upstream = await self.send(replica, request, f"/sessions/{quote(local_id, safe='')}{quote(rest)}")
         if request.method == "DELETE" and upstream.status_code == 204:
             replica.sessions = max(0, replica.sessions - 1)
         if request.method == "GET" and not rest and upstream.status_code == 200:
@@ -335,19 +342,20 @@ async def passthrough(upstream: httpx.Response) -> Response:
 def _json_object(body: bytes) -> dict[str, Any]:
     try:
         payload = json.loads(body or b"{}")
-    except ValueError:
-        payload = None
+    except (ValueError, RecursionError):  # malformed, not UTF-8, a 5000-digit number, deep nesting
+        raise InvalidPayload("request body is not a JSON object") from None
     if not isinstance(payload, dict):
-        raise SchemaError("request body must be a JSON object with 'id' (or 'env_idx')")
+        raise InvalidPayload("request body must be a JSON object with 'id' (or 'env_idx')")
     return payload
 
 
 def _compat_field(fields: dict[str, Any]) -> int:
+    """The session's integer id, as the env servers take it (JSON integer, integral float,
+    or digits in a query string); 422 for anything else (1e999, Infinity, a list, ...)."""
     value = fields.get("id", fields.get("env_idx"))
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise SchemaError("an integer 'id' (or 'env_idx') is required") from None
+    if isinstance(value, str):
+        value = decimal(value, max_digits=30) if value else None
+    return as_integer(value, "'id' (or 'env_idx')", 0)
 
 
 def create_gateway_app(config: GatewayConfig) -> FastAPI:
@@ -367,6 +375,7 @@ def create_gateway_app(config: GatewayConfig) -> FastAPI:
     app = FastAPI(title="AgentGym gateway", lifespan=lifespan)
     app.state.gateway = gateway
     install_error_handlers(app)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_body_bytes)
     any_method = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
     @app.get("/health")

@@ -100,7 +100,8 @@ class SessionManager:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
         for session_id in list(self._sessions):
-            await self.close(session_id)
+            with contextlib.suppress(UnknownSession):  # closed meanwhile by a request
+                await self.close(session_id)
         self._executor.shutdown(wait=True, cancel_futures=True)
 
     async def run_engine(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -166,18 +167,23 @@ class SessionManager:
     async def close(self, session_id: str) -> None:
         session = self.get(session_id)
         async with session.lock:
+            if session.closed:  # a concurrent close got the lock first: only one 204
+                raise UnknownSession(f"session {session_id!r} was closed")
             await self._close_locked(session)
 
     async def evict_expired(self) -> int:
         """Close sessions idle for longer than ``ttl``; return how many."""
         now = time.monotonic()
         idle = [s for s in self._sessions.values() if now - s.last_active > self.ttl and not s.lock.locked()]
+        expired = 0
         for session in idle:
             async with session.lock:
-                if not session.closed:
+                # A call may have taken the lock (and used the session) since the scan.
+                if not session.closed and time.monotonic() - session.last_active > self.ttl:
                     await self._close_locked(session)
                     self.stats.expired += 1
-        return len(idle)
+                    expired += 1
+        return expired
 
     # ----- internals ----------------------------------------------------------------
 

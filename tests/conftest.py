@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 import torch
@@ -44,6 +45,24 @@ def choice_url(agentgym_cache: str) -> Iterator[str]:
     """A real choice server on loopback, shared by the tests that only use their own sessions."""
     with serve_in_thread(ServerConfig(env="choice")) as url:
         yield url
+
+
+def send_raw(
+    http: httpx.Client, method: str, path: str, body: object | str | bytes = b"", **kwargs: object
+) -> tuple[int | None, dict]:
+    """(status, JSON body) of a request whose body is sent as given (a str or bytes as is,
+    anything else as JSON); (None, {}) when the server died, hung or dropped the connection,
+    so that a crash fails the caller's assertion instead of raising out of the test."""
+    content = body if isinstance(body, str | bytes | Iterator) else json.dumps(body)
+    headers = {"content-type": "application/json"}
+    try:
+        response = http.request(method, path, content=content, headers=headers, **kwargs)
+    except httpx.TransportError:
+        return None, {}
+    try:
+        return response.status_code, response.json()
+    except ValueError:
+        return response.status_code, {"text": response.text}
 
 
 def run_metrics(run: Path) -> list[dict]:

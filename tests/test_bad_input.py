@@ -1,5 +1,6 @@
 """Issue 19, defects 1 and 3: input no engine can take is refused with a 4xx before any
 engine sees it; the session survives, the server lives, the engine-error metric stays put.
+Also item 6: malformed HTTP (bodies, methods, auth schemes, racing deletes) gets documented codes.
 
 The textworld server runs as a child process here (not in a thread of pytest): a
 Z-machine segfault must show up as a dead server and a failed assertion, not kill pytest.
@@ -7,11 +8,12 @@ Z-machine segfault must show up as a dead server and a failed assertion, not kil
 
 from __future__ import annotations
 
-import json
+import asyncio
 from collections.abc import Iterator
 
 import httpx
 import pytest
+from conftest import send_raw
 
 from agentgym.servers.app import ServerConfig
 from agentgym.servers.launcher import ServerProcess, serve_in_thread, start_server_process, wait_healthy
@@ -48,17 +50,6 @@ def engine_errors(http: httpx.Client) -> float:
     raise AssertionError("no engine-error metric")
 
 
-def send(http: httpx.Client, method: str, path: str, body: object | str) -> tuple[int | None, dict]:
-    """(status, JSON body) of a request; (None, {}) when the server died or hung on it,
-    so that a crash fails the test's assertion instead of raising out of it."""
-    content = body if isinstance(body, str) else json.dumps(body)
-    try:
-        response = http.request(method, path, content=content, headers={"content-type": "application/json"})
-    except httpx.TransportError:
-        return None, {}
-    return response.status_code, response.json()
-
-
 BAD_ACTIONS = {
     "NUL inside": "look\u0000north",  # segfaulted jericho's Z-machine
     "shift-out after a letter": "\u00c5\u0015",  # schemathesis' find: segfault
@@ -78,7 +69,7 @@ def test_textworld_refuses_actions_the_z_machine_cannot_take_and_the_session_sti
     with httpx.Client(base_url=textworld_process.url, timeout=HANG_TIMEOUT_S) as http:
         created = http.post("/sessions", json={"split": "test", "index": 0}).json()
         sid, errors_before = created["session_id"], engine_errors(http)
-        status, body = send(http, "POST", f"/sessions/{sid}/step", {"action": action})
+        status, body = send_raw(http, "POST", f"/sessions/{sid}/step", {"action": action})
         assert status == 400, body
         assert body["error"]["code"] == "invalid_action"
         assert textworld_process.process.poll() is None, "the server process died"
@@ -102,7 +93,7 @@ def test_compat_step_refuses_the_same_actions(textworld_process: ServerProcess) 
     with httpx.Client(base_url=textworld_process.url, timeout=HANG_TIMEOUT_S) as http:
         compat_id = http.post("/create").json()["id"]
         assert http.post("/reset", json={"id": compat_id, "data_idx": 0}).status_code == 200
-        status, body = send(http, "POST", "/step", {"id": compat_id, "action": "look\u0000north"})
+        status, body = send_raw(http, "POST", "/step", {"id": compat_id, "action": "look\u0000north"})
         assert status == 400 and body["error"]["code"] == "invalid_action", body
         assert http.post("/step", json={"id": compat_id, "action": "look"}).status_code == 200
         http.post("/close", json={"id": compat_id})
@@ -126,11 +117,11 @@ def test_bad_reset_options_are_422_and_cost_no_session(textworld_url: str, optio
     with httpx.Client(base_url=textworld_url, timeout=HANG_TIMEOUT_S) as http:
         existing = http.post("/sessions", json={"split": "test", "index": 1}).json()
         sessions, errors_before = http.get("/health").json()["sessions"], engine_errors(http)
-        status, body = send(http, "POST", "/sessions", f'{{"options": {options}}}')
+        status, body = send_raw(http, "POST", "/sessions", f'{{"options": {options}}}')
         assert status == 422 and body["error"]["code"] == "validation_error", body
         assert http.get("/health").json()["sessions"] == sessions  # nothing half-built left behind
         path = f"/sessions/{existing['session_id']}/reset"
-        status, body = send(http, "POST", path, f'{{"options": {options}}}')
+        status, body = send_raw(http, "POST", path, f'{{"options": {options}}}')
         assert status == 422 and body["error"]["code"] == "validation_error", body
         step = http.post(f"/sessions/{existing['session_id']}/step", json={"action": "look"})
         assert step.status_code == 200, step.text
@@ -151,6 +142,68 @@ def test_sciworld_task_id_with_a_non_ascii_digit_is_404() -> None:
     config = ServerConfig(env="sciworld", env_config={"spare_jvms": 0, "max_jvms": 1})
     with serve_in_thread(config) as url, httpx.Client(base_url=url, timeout=HANG_TIMEOUT_S) as http:
         for task_id in ("boil/²", "boil/٣", "boil/" + "9" * 5000):
-            status, body = send(http, "POST", "/sessions", {"task_id": task_id})
+            status, body = send_raw(http, "POST", "/sessions", {"task_id": task_id})
             assert status == 404 and body["error"]["code"] == "task_not_found", body
         assert engine_errors(http) == 0
+
+
+# ----- issue 19 item 6: the HTTP layer answers every malformed request with a documented code
+
+
+def chunks(total: int, size: int = 8192) -> Iterator[bytes]:
+    """A body sent chunked (no content-length), so only the streaming check can see its size."""
+    for start in range(0, total, size):
+        yield b" " * min(size, total - start)
+
+
+UNPARSEABLE = {
+    "not UTF-8": b'{"action": "\xff\xfe"}',
+    "a 5000-digit integer": b'{"seed": 1' + b"0" * 5000 + b"}",
+    "nested 20000 deep": b'{"options": {"a": ' + b"[" * 20000 + b"]" * 20000 + b"}}",
+}
+
+
+@pytest.mark.parametrize("body", list(UNPARSEABLE.values()), ids=list(UNPARSEABLE))
+def test_unparseable_bodies_are_400_invalid_payload(choice_url: str, body: bytes) -> None:
+    with httpx.Client(base_url=choice_url, timeout=HANG_TIMEOUT_S) as http:
+        status, answer = send_raw(http, "POST", "/sessions", body)
+        assert status == 400 and answer["error"]["code"] == "invalid_payload", answer
+
+
+def test_a_chunked_body_over_the_limit_is_413(choice_url: str) -> None:
+    with httpx.Client(base_url=choice_url, timeout=HANG_TIMEOUT_S) as http:
+        response = http.post(
+            "/sessions", content=chunks(65 * 1024), headers={"content-type": "application/json"}
+        )
+        assert response.status_code == 413 and response.json()["error"]["code"] == "payload_too_large"
+        assert http.post("/sessions", json={}).status_code == 201
+
+
+def test_made_up_methods_are_405_and_add_no_metric_labels(choice_url: str) -> None:
+    with httpx.Client(base_url=choice_url, timeout=HANG_TIMEOUT_S) as http:
+        for method in ("FROB", "XYZZY1", "PUT"):
+            response = http.request(method, "/health")
+            assert response.status_code == 405, response.text
+            assert response.json()["error"]["code"] == "method_not_allowed"
+        metrics = http.get("/metrics").text
+        assert 'method="FROB"' not in metrics and 'method="XYZZY1"' not in metrics
+        assert 'method="other"' in metrics and 'method="PUT"' in metrics
+
+
+def test_concurrent_deletes_of_one_session_answer_one_204(choice_url: str) -> None:
+    async def delete_eight_times() -> list[int]:
+        async with httpx.AsyncClient(base_url=choice_url, timeout=HANG_TIMEOUT_S) as http:
+            sid = (await http.post("/sessions", json={})).json()["session_id"]
+            answers = await asyncio.gather(*(http.delete(f"/sessions/{sid}") for _ in range(8)))
+        return sorted(a.status_code for a in answers)
+
+    assert asyncio.run(delete_eight_times()) == [204] + [404] * 7
+
+
+def test_the_bearer_scheme_is_case_insensitive() -> None:
+    with serve_in_thread(ServerConfig(env="choice", token="s3cret")) as url:
+        for scheme in ("Bearer", "bearer", "BEARER"):
+            response = httpx.get(f"{url}/metadata", headers={"authorization": f"{scheme} s3cret"})
+            assert response.status_code == 200, scheme
+        for header in ("bearer wrong", "Basic s3cret", "s3cret", "Bearers3cret"):
+            assert httpx.get(f"{url}/metadata", headers={"authorization": header}).status_code == 401

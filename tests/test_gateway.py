@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import subprocess
@@ -14,7 +15,7 @@ from collections.abc import Iterator
 import httpx
 import psutil
 import pytest
-from conftest import read_until, stop_with_ctrl_c
+from conftest import read_until, send_raw, stop_with_ctrl_c
 from typer.testing import CliRunner
 
 from agentgym.checker import run_checks
@@ -201,3 +202,43 @@ def test_gateway_and_up_reject_bad_replica_specs(tmp_path) -> None:
         "choice": ["http://a:1", "http://b:2", "http://d:4"],
         "search": ["http://c:3"],
     }
+
+
+MALFORMED_IDS = {
+    "1e999": "1e999",  # was a 500
+    "Infinity": "Infinity",  # was a reset connection
+    "NaN": "NaN",
+    "a fraction": "1.5",
+    "negative": "-1",
+    "a bool": "true",
+    "a list": "[0]",
+    "a word": '"zero"',
+}
+
+
+@pytest.mark.parametrize("value", list(MALFORMED_IDS.values()), ids=list(MALFORMED_IDS))
+def test_malformed_compat_ids_are_422_at_the_gateway(value: str) -> None:
+    with thread_replicas(2) as replicas, gateway_over(replicas) as gateway:
+        for route in ("step", "reset", "close"):
+            status, body = send_raw(
+                HTTP, "POST", f"{gateway}/envs/choice/{route}", f'{{"id": {value}, "action": "x"}}'
+            )
+            assert status == 422 and body["error"]["code"] == "validation_error", (route, body)
+        status, body = send_raw(HTTP, "GET", f"{gateway}/envs/choice/observation?id=x")
+        assert status == 422 and body["error"]["code"] == "validation_error", body
+        for not_an_object in (b"[1]", b"\xff", b"[" * 5000 + b"]" * 5000):
+            status, body = send_raw(HTTP, "POST", f"{gateway}/envs/choice/step", not_an_object)
+            assert status == 400 and body["error"]["code"] == "invalid_payload", body
+        assert HTTP.get(f"{gateway}/health").json()["envs"]["choice"]["healthy"] == 2
+
+
+def test_the_gateway_refuses_an_oversized_body_itself() -> None:
+    """413 from the gateway, before forwarding: replicas that take bodies of 10 MiB never
+    see a 100 KiB one (it used to be buffered whole and forwarded)."""
+    big = ServerConfig(env="choice", max_body_bytes=10 * 1024 * 1024)
+    with serve_in_thread(big) as replica, gateway_over([replica]) as gateway:
+        body = json.dumps({"task_id": "x" * 100_000})
+        for content in (body, iter([body.encode()])):  # with content-length, and chunked
+            status, answer = send_raw(HTTP, "POST", f"{gateway}/envs/choice/sessions", content)
+            assert status == 413 and answer["error"]["code"] == "payload_too_large", answer
+        assert HTTP.post(f"{gateway}/envs/choice/sessions", json={}).status_code == 201
