@@ -1,9 +1,9 @@
 """The trainer end to end, with the real model on real env servers.
 
 The learning test can fail: on `choice` (one turn, one right option among four) an
-untrained SmolLM2 rarely names the right colour; BAPO must lift held-out success to 90%
-within a bounded number of steps. GRPO runs alongside on the same budget and its figure
-is printed for the record (bench/RESULTS.md).
+untrained SmolLM2 rarely names the right colour (chance is 25%); BAPO must lift held-out
+success to 90% and GRPO to 75% within a bounded number of steps (bench/RESULTS.md has
+both curves).
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ def test_policy_learns_the_one_turn_task_from_reward_alone(algo: str, tmp_path: 
     )
     assert [r["step"] for r in history] == list(range(1, LEARNING_STEPS + 1))
     assert first["success_rate"] <= 0.5  # chance level or below before any update
+    assert last["eval_success_rate"] >= (0.9 if algo == "bapo" else 0.75)
     if algo == "bapo":
-        assert last["eval_success_rate"] >= 0.9
         bounds = [(u["clip_low"], u["clip_high"], u["positive_share"]) for r in history for u in r["updates"]]
         assert all(0.6 <= low <= 0.9 and 1.2 <= high <= 3.0 for low, high, _ in bounds)
         assert all("entropy" in u for r in history for u in r["updates"])
@@ -119,3 +119,5 @@ def test_kill_9_then_resume_continues_without_duplicated_or_missing_steps(tmp_pa
     assert (out / "metrics.jsonl").read_text().splitlines()[0] == first_step  # step 1 kept, not redone
     assert [r["max_turns"] for r in history] == [1, 2, 3]  # ScalingInter-RL's horizon per step
     assert (out / "checkpoints" / "step-000003").is_dir() and (out / "curves.png").stat().st_size > 0
+    for step in (1, 2, 3):  # a step redone after the kill replaces its rollouts, never appends
+        assert len((out / "rollouts" / f"step-{step:06d}.jsonl").read_text().splitlines()) == 4

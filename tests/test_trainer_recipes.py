@@ -201,3 +201,10 @@ def test_a_bapo_update_runs_with_the_model_on_cuda(tiny_model_dir: Path) -> None
     assert prepass.logp.device.type == "cuda" and prepass.old_logp.device.type == "cuda"
     loss = learner.optimize(batch, lambda micro: -learner.logprobs(micro)[0] * micro.advantages)
     assert math.isfinite(loss)
+
+
+def test_train_help_names_every_registered_algorithm() -> None:
+    result = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0
+    assert all(name in result.output for name in PRESETS)
+    assert "no value network, no GAE" in result.output and "REINFORCE++-baseline" in result.output

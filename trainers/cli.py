@@ -21,7 +21,13 @@ err_console = Console(stderr=True)
 
 def train(
     algo: Annotated[
-        str, typer.Option(help="bapo | grpo | dapo | ppo | rloo | reinforce++ | agentevol | critique-rl")
+        str,
+        typer.Option(
+            help="bapo (adaptive clipping) | grpo | dapo (clip-higher 0.28, dynamic sampling) | dr-grpo | "
+            "rloo | reinforce++ (REINFORCE++-baseline) | ppo (PPO-clip on whitened outcome rewards: no "
+            "value network, no GAE) | agentevol | critique-rl. Presets of trainers/registry.py; "
+            "docs/algorithms/."
+        ),
     ] = "bapo",
     schedule: Annotated[
         str, typer.Option(help="fixed | scaling-inter (ScalingInter-RL horizon)")

@@ -14,9 +14,9 @@ from typing import Any
 
 import yaml
 
-from agentgym.trainers.algorithms import AGGREGATIONS, BapoConfig
-from agentgym.trainers.registry import ADVANTAGE_ESTIMATORS, CLIP_RULES, PRESETS
-from agentgym.trainers.schedules import ScalingInterHorizon
+from agentgym.trainers.algorithms import BapoConfig
+from agentgym.trainers.config_checks import config_problems
+from agentgym.trainers.registry import PRESETS
 
 
 @dataclass(frozen=True)
@@ -265,87 +265,10 @@ class TrainConfig:
                 raise ValueError(f"{f.name} must be a number, got {value!r}") from None
 
     def validate(self) -> None:
-        problems = []
-        if self.schedule not in ("fixed", "scaling-inter"):
-            problems.append("schedule must be 'fixed' or 'scaling-inter'")
-        if self.generator not in ("hf", "vllm", "ray"):
-            problems.append("generator must be 'hf', 'vllm' or 'ray'")
-        if self.loss_aggregation not in AGGREGATIONS:
-            problems.append(f"loss_aggregation must be one of {', '.join(AGGREGATIONS)}")
-        if self.advantage not in ADVANTAGE_ESTIMATORS:
-            problems.append(f"advantage must be one of {', '.join(ADVANTAGE_ESTIMATORS)}")
-        if self.clip_rule not in CLIP_RULES:
-            problems.append(f"clip_rule must be one of {', '.join(CLIP_RULES)}")
-        if self.schedule == "scaling-inter":
-            try:
-                ScalingInterHorizon(self.rounds, self.interval)
-            except ValueError as exc:
-                problems.append(str(exc))
-        if self.max_refills < 0:
-            problems.append("max_refills must be at least 0")
-        if not 0 < self.clip.eps_low < 1 or self.clip.eps_high <= 0:
-            problems.append("clip needs 0 < eps_low < 1 and eps_high > 0")
-        if self.dual_clip and self.dual_clip <= 1:
-            problems.append("dual_clip must be above 1 (or 0: off)")
-        for name in (
-            "steps",
-            "tasks_per_step",
-            "group_size",
-            "minibatch_size",
-            "micro_batch_size",
-            "max_turns",
-        ):
-            if getattr(self, name) < 1:
-                problems.append(f"{name} must be at least 1")
-        if self.algo == "critique-rl":
-            problems += self._critique_rl_problems()
-        problems += self._off_policy_problems()
-        if self.minibatch_size % self.micro_batch_size:
-            problems.append("minibatch_size must be a multiple of micro_batch_size")
+        """Raise one ValueError naming every problem (``config_checks.py``)."""
+        problems = config_problems(self)
         if problems:
             raise ValueError("; ".join(problems))
-
-    def _off_policy_problems(self) -> list[str]:
-        problems = []
-        if self.mode not in ("sync", "async"):
-            problems.append("mode must be 'sync' or 'async'")
-        if self.max_staleness < 0:
-            problems.append("max_staleness must be at least 0")
-        if self.mode == "async" and self.max_staleness < 1:
-            problems.append("mode: async trains on one-step-old data; max_staleness must be at least 1")
-        if not 0 <= self.replay_ratio < 1:
-            problems.append("replay_ratio must be in [0, 1)")
-        if self.replay_capacity < 1:
-            problems.append("replay_capacity must be at least 1")
-        if self.partial_rollout_tokens is not None and self.partial_rollout_tokens < 1:
-            problems.append("partial_rollout_tokens must be at least 1 (or null: off)")
-        if self.partial_rollout_tokens is not None and self.generator == "ray":
-            problems.append(
-                "partial_rollout_tokens needs generator hf or vllm (Ray workers do not pause episodes)"
-            )
-        off_policy = self.mode == "async" or self.replay_ratio > 0 or self.partial_rollout_tokens is not None
-        if off_policy and self.algo in ("agentevol", "critique-rl"):
-            problems.append(
-                f"{self.algo} trains in mode: sync without replay or partial rollouts "
-                "(async, replay_ratio and partial_rollout_tokens are for the clipped-ratio algorithms)"
-            )
-        return problems
-
-    def _critique_rl_problems(self) -> list[str]:
-        problems = []
-        if self.env != "math":
-            problems.append("critique-rl trains on env math")
-        if not self.lora or self.generator != "hf":
-            problems.append(
-                "critique-rl needs lora: true and generator: hf (the actor is the base model, adapters off)"
-            )
-        if self.critiques_per_answer < 2:
-            problems.append(
-                "critiques_per_answer must be at least 2 (RLOO compares the critiques of one answer)"
-            )
-        if self.stage1_steps < 0 or self.stage2_steps < 0:
-            problems.append("stage1_steps and stage2_steps must be at least 0")
-        return problems
 
     # ----- files -------------------------------------------------------------------------
 

@@ -96,7 +96,8 @@ class RayGenerator:
     ) -> list[Trajectory]:
         return await self.pool.play(self.url, specs, rollout)
 
-    evaluate = play
+    async def evaluate(self, specs: list[EpisodeSpec], rollout: RolloutConfig) -> list[Trajectory]:
+        return await self.pool.play(self.url, specs, rollout)
 
     @property
     def paused(self) -> list[Any]:
