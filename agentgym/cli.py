@@ -192,8 +192,8 @@ def up(
     gateway_port: Annotated[int, typer.Option(help="The gateway's port (if free).")] = 8100,
 ) -> None:
     """Start local env servers as subprocesses (with ENV=N, N replicas behind a gateway);
-    Ctrl-C stops them all."""
-    from agentgym.servers.launcher import serve_fleet, serve_processes
+    a server that dies is reported and restarted with backoff; Ctrl-C stops them all."""
+    from agentgym.servers.launcher import Supervisor, serve_fleet, serve_processes
 
     specs = envs or registry.names()
     counts = parse_replica_counts(specs)
@@ -213,11 +213,12 @@ def up(
             raise fail(f"{exc} (see the logs in {log_dir}/)") from None
     with stack:
         _print_servers(servers, list(counts) if use_gateway else [])
+        supervisor = Supervisor(servers)
         try:
-            while all(server.process.poll() is None for server in servers):
+            while True:  # a server that dies is restarted; the others (and the gateway) keep serving
+                for event in supervisor.poll():
+                    console.print(f"[yellow]{event}[/] (see {log_dir}/)")
                 time.sleep(0.5)
-            dead = [s.env for s in servers if s.process.poll() is not None]
-            raise fail(f"server(s) exited: {', '.join(dead)} (see {log_dir}/)")
         except KeyboardInterrupt:
             console.print("stopping ...")
     console.print("all servers stopped.")

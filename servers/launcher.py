@@ -86,6 +86,12 @@ class ServerProcess:
     process: subprocess.Popen
     log_path: str | None = None
     extra_args: list[str] = field(default_factory=list)
+    command: list[str] = field(default_factory=list)
+    """The full command line, so that a supervisor can start it again (same port, same URL)."""
+
+    def restart(self) -> None:
+        """Start the command again in place of a process that exited."""
+        self.process = _popen(self.command, self.log_path)
 
     def stop(self, timeout: float = 15.0) -> int:
         """SIGINT (uvicorn's graceful shutdown), then SIGKILL if it hangs."""
@@ -128,11 +134,18 @@ def _spawn(
 ) -> ServerProcess:
     port = port or free_port(host)
     cmd = [sys.executable, "-m", "agentgym.cli", *command, "--host", host, "--port", str(port), *extra_args]
+    return ServerProcess(name, f"http://{host}:{port}", _popen(cmd, log_path), log_path, extra_args, cmd)
+
+
+def _popen(cmd: list[str], log_path: str | None) -> subprocess.Popen:
     log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - handed to the child
-    process = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ}, preexec_fn=_die_with_parent
-    )
-    return ServerProcess(name, f"http://{host}:{port}", process, log_path, extra_args)
+    try:
+        return subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ}, preexec_fn=_die_with_parent
+        )
+    finally:
+        if log_path:
+            log.close()  # the child holds its own descriptor
 
 
 @contextlib.contextmanager
@@ -169,6 +182,56 @@ def serve_fleet(
         servers.append(start_gateway_process(urls, host=host, port=port, log_path=_log(log_dir, "gateway")))
         _wait_all(servers[-1:], timeout)
         yield servers
+
+
+@dataclass
+class _Restart:
+    """One supervised server's restart state."""
+
+    backoff: float
+    due: float | None = None
+    """When the next start is due (None while the process runs)."""
+    started: float = field(default_factory=time.monotonic)
+
+
+class Supervisor:
+    """Keeps started servers running: a process that exits is reported and started again
+    on the same port (so its URL, and the gateway's replica list, stay valid) after a
+    backoff that doubles per crash up to ``max_backoff`` and resets once the process has
+    stayed up ``stable_after`` seconds. Call :meth:`poll` periodically; it never blocks."""
+
+    def __init__(
+        self,
+        servers: list[ServerProcess],
+        min_backoff: float = 1.0,
+        max_backoff: float = 30.0,
+        stable_after: float = 60.0,
+    ) -> None:
+        self.servers = servers
+        self.min_backoff, self.max_backoff, self.stable_after = min_backoff, max_backoff, stable_after
+        self._state = {id(s): _Restart(min_backoff) for s in servers}
+        self.restarts = 0
+
+    def poll(self) -> list[str]:
+        """Check every server once; what happened, one line per event."""
+        return [event for server in self.servers if (event := self._check(server, self._state[id(server)]))]
+
+    def _check(self, server: ServerProcess, state: _Restart) -> str | None:
+        now, code = time.monotonic(), server.process.poll()
+        if code is None:
+            if now - state.started > self.stable_after:
+                state.backoff = self.min_backoff
+            return None
+        if state.due is None:
+            state.due = now + state.backoff
+            return f"{server.env} at {server.url} (pid {server.process.pid}) exited with code {code}; restarting in {state.backoff:g}s"
+        if now < state.due:
+            return None
+        server.restart()
+        self.restarts += 1
+        state.due, state.started = None, now
+        state.backoff = min(state.backoff * 2, self.max_backoff)
+        return f"{server.env} restarted at {server.url} (pid {server.process.pid})"
 
 
 @contextlib.contextmanager

@@ -9,8 +9,10 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import httpx
 import psutil
@@ -73,6 +75,17 @@ def replica_of(gateway_session_id: str, replicas: list[str]) -> tuple[str, str]:
     holders = [url for url in replicas if HTTP.get(f"{url}/sessions/{local_id}").status_code == 200]
     assert len(holders) == 1, f"{gateway_session_id} lives on {holders}"
     return holders[0], local_id
+
+
+def start_up(args: list[str]) -> subprocess.Popen:
+    """`agentgym up ARGS` as a user runs it, its output readable line by line."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "agentgym.cli", "up", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
 
 
 async def open_sessions(url: str, count: int) -> list[str]:
@@ -162,31 +175,45 @@ def test_errors_keep_the_wire_shape() -> None:
                 client.create()
 
 
-def test_up_with_replicas_serves_through_a_gateway_and_stops_on_ctrl_c(tmp_path) -> None:
+@dataclass
+class UpRun:
+    """A running `agentgym up choice=2`: the process, its output so far, the gateway port."""
+
+    proc: subprocess.Popen
+    output: str
+    port: int
+
+    @property
+    def env_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/envs/choice"
+
+    def healthy_replicas(self) -> int:
+        return HTTP.get(f"http://127.0.0.1:{self.port}/health").json()["envs"]["choice"]["healthy"]
+
+
+@pytest.fixture
+def up_choice_2(tmp_path) -> Iterator[UpRun]:
+    """`agentgym up choice=2` started and up (its table printed); killed if a test leaves it running."""
     port = free_port()
-    command = ["up", "choice=2", "--log-dir", str(tmp_path), "--gateway-port", str(port)]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentgym.cli", *command],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    proc = start_up(["choice=2", "--log-dir", str(tmp_path), "--gateway-port", str(port)])
     try:
-        output = read_until(proc, "Ctrl-C", timeout=90)
-        env_url = f"http://127.0.0.1:{port}/envs/choice"
-        assert f"choice: {env_url}" in output, output
-        assert len(re.findall(r"^.*choice .*http://127\.0\.0\.1:\d+", output, re.M)) == 2, output
-        with EnvClient(env_url) as client:
-            session = client.create(split="test", index=0)
-            assert client.step(session.session_id, "blue").info["success"]
-        assert HTTP.get(f"http://127.0.0.1:{port}/health").json()["envs"]["choice"]["healthy"] == 2
-        children = psutil.Process(proc.pid).children(recursive=True)
-        assert len(children) == 3
-        stop_with_ctrl_c(proc, children, output)
+        yield UpRun(proc, read_until(proc, "Ctrl-C", timeout=90), port)
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_up_with_replicas_serves_through_a_gateway_and_stops_on_ctrl_c(up_choice_2: UpRun) -> None:
+    run = up_choice_2
+    assert f"choice: {run.env_url}" in run.output, run.output
+    assert len(re.findall(r"^.*choice .*http://127\.0\.0\.1:\d+", run.output, re.M)) == 2, run.output
+    with EnvClient(run.env_url) as client:
+        session = client.create(split="test", index=0)
+        assert client.step(session.session_id, "blue").info["success"]
+    assert run.healthy_replicas() == 2
+    children = psutil.Process(run.proc.pid).children(recursive=True)
+    assert len(children) == 3
+    stop_with_ctrl_c(run.proc, children, run.output)
 
 
 def test_gateway_and_up_reject_bad_replica_specs(tmp_path) -> None:
@@ -242,3 +269,33 @@ def test_the_gateway_refuses_an_oversized_body_itself() -> None:
             status, answer = send_raw(HTTP, "POST", f"{gateway}/envs/choice/sessions", content)
             assert status == 413 and answer["error"]["code"] == "payload_too_large", answer
         assert HTTP.post(f"{gateway}/envs/choice/sessions", json={}).status_code == 201
+
+
+def test_up_restarts_a_replica_that_dies_and_the_gateway_keeps_serving(up_choice_2: UpRun) -> None:
+    """Issue 19 defect 4: killing one replica under `up` used to stop everything within a second."""
+    run = up_choice_2
+    replicas = [c for c in psutil.Process(run.proc.pid).children() if "serve" in c.cmdline()]
+    assert len(replicas) == 2, run.output
+    with EnvClient(run.env_url, retry=RetryPolicy(attempts=1)) as client:
+        sessions = [client.create(split="test", index=0) for _ in range(4)]  # spread over both
+        replicas[0].kill()
+        run.output += read_until(run.proc, "exited with code", timeout=30)
+        assert "exited with code" in run.output and run.proc.poll() is None, run.output
+        survivors = [s for s in sessions if _steps(client, s.session_id)]
+        assert 1 <= len(survivors) < len(sessions)  # only the dead replica's sessions were lost
+        assert client.step(client.create(split="test", index=0).session_id, "blue").info["success"]
+        run.output += read_until(run.proc, "restarted", timeout=30)
+        assert "choice restarted" in run.output, run.output
+        deadline = time.monotonic() + 30
+        while run.healthy_replicas() < 2:
+            assert time.monotonic() < deadline, "the restarted replica never became healthy"
+            time.sleep(0.3)
+    stop_with_ctrl_c(run.proc, psutil.Process(run.proc.pid).children(recursive=True), run.output)
+
+
+def _steps(client: EnvClient, session_id: str) -> bool:
+    """Whether the session still answers a step (False once its replica is gone)."""
+    try:
+        return client.step(session_id, "blue").info["success"]
+    except EngineError:
+        return False
