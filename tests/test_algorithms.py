@@ -14,6 +14,7 @@ from agentgym.trainers.algorithms import (
     bapo_bounds,
     clip_fractions,
     clipped_surrogate,
+    discounted_returns,
     dynamic_sampling_keep,
     entropy_from_logits,
     grpo_advantages,
@@ -25,7 +26,11 @@ from agentgym.trainers.algorithms import (
     token_weights,
     weighted_nll,
 )
+from agentgym.trainers.batch import collate
+from agentgym.trainers.recipes import token_record
+from agentgym.trainers.registry import ADVANTAGE_ESTIMATORS
 from agentgym.trainers.schedules import FixedHorizon, ScalingInterHorizon
+from agentgym.trajectory import Trajectory
 
 T = torch.tensor
 REWARDS = T([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
@@ -216,3 +221,37 @@ def test_agentevol_weights_and_weighted_nll_by_hand() -> None:
     mask = T([[0, 1, 1], [0, 1, 0], [0, 1, 1]])
     # token-mean: (1*(1+2) + 0.5*3 + 0*(4+4)) / 5 agent tokens = 4.5/5
     assert aggregate(weighted_nll(logp, T([1.0, 0.5, 0.0])), mask).item() == pytest.approx(0.9)
+
+
+def crafted_episode(observations: list[str], rewards: list[float], score: float) -> Trajectory:
+    messages = [{"role": "system", "content": "play", "loss": False}]
+    for observation in observations:
+        messages += [
+            {"role": "user", "content": observation},
+            {"role": "assistant", "content": "go", "loss": True},
+        ]
+    mask = [0, 0] + [1, 0] * len(observations)
+    return Trajectory(
+        env="t", task_id="t0", policy="p", messages=messages, rewards=rewards, score=score,
+        token_ids=list(range(len(mask))), loss_mask=mask, logprobs=[0.0] * len(mask),
+    )  # fmt: skip
+
+
+def test_gigpo_advantages_by_hand() -> None:
+    # One task, two episodes that both start in state A; then B (reward 1) or C (nothing).
+    # Episode level (GRPO on scores 1, 0): ±0.7071.
+    # Returns, γ = 0.95: [0.95, 1.0] and [0.0, 0.0]. Step group A holds 0.95 and 0.0:
+    # mean 0.475, sample std 0.6718 -> ±0.7071; B and C are seen once -> 0.
+    episodes = [crafted_episode(["A", "B"], [0.0, 1.0], 1.0), crafted_episode(["A", "C"], [0.0, 0.0], 0.0)]
+    advantages = ADVANTAGE_ESTIMATORS["gigpo"](episodes, T([0, 0]))
+    assert advantages[0] == pytest.approx([1.41421, 0.70711], abs=1e-4)
+    assert advantages[1] == pytest.approx([-1.41421, -0.70711], abs=1e-4)
+    # GRPO gives every turn the episode advantage alone.
+    assert ADVANTAGE_ESTIMATORS["grpo"](episodes, T([0, 0])) == pytest.approx([0.70711, -0.70711], abs=1e-4)
+    assert discounted_returns([0.0, 0.0, 1.0], 0.5) == [0.25, 0.5, 1.0]
+
+
+def test_per_turn_advantages_reach_each_turns_tokens() -> None:
+    episode = crafted_episode(["A", "B"], [0.0, 1.0], 1.0)
+    batch = collate([token_record(episode)], [[2.0, -1.0]], pad_id=0)
+    assert batch.advantages.tolist() == [[0.0, 0.0, 2.0, 0.0, -1.0, 0.0]]

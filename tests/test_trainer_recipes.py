@@ -78,10 +78,28 @@ def test_every_registered_algorithm_runs_an_rl_step_with_its_papers_defaults(
             assert 1.2 <= update["clip_high"] <= 3.0 and 0.6 <= update["clip_low"] <= 0.9
         else:
             assert update["clip_high"] == pytest.approx(1 + expected[0])
+    if algo == "agentevol":  # zero-reward explored episodes are left out, not averaged in as zeros
+        expert = (tmp_path / "expert.jsonl").read_text().splitlines()
+        assert history[0]["success_rate"] == 0 and history[0]["learn_episodes"] == len(expert)
     if algo == "dapo":  # the random model earns equal (zero) rewards: dropped groups get refilled
         assert history[0]["episodes"] > TINY["tasks_per_step"] * TINY["group_size"]
     elif PRESETS[algo].recipe == "rl":
         assert history[0]["episodes"] == TINY["tasks_per_step"] * TINY["group_size"]
+
+
+def test_the_logged_cloning_loss_does_not_depend_on_micro_batching(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Synthetic critiques differ in length: a token mean over the minibatch is the same
+    whether it is computed in one micro-batch or four (a mean of per-micro-batch means is not)."""
+    losses = []
+    for micro in (1, 4):
+        settings = {"env": "math", "env_settings": "{n_train: 8, n_test: 2}", "bc_steps": 2}
+        settings |= {"bc_batch_size": 4, "stage1_steps": 0, "micro_batch_size": micro, "minibatch_size": 4}
+        code, output = train(tmp_path / str(micro), "critique-rl", tiny_model_dir, **settings)
+        assert code == 0, output
+        losses.append([r["loss"] for r in run_metrics(tmp_path / str(micro))])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-4)
 
 
 def test_the_kl_reference_is_the_policy_after_behaviour_cloning(
@@ -91,6 +109,7 @@ def test_the_kl_reference_is_the_policy_after_behaviour_cloning(
         tmp_path, "grpo", tiny_model_dir, env_url=choice_url, env="choice", bc_steps=2, kl_coef=0.1
     )
     assert code == 0, output
+    assert (tmp_path / "reference.pt").exists()  # main took the base model (adapters off) instead
     reference = torch.load(tmp_path / "reference.pt", weights_only=True)
     after_bc = torch.load(tmp_path / "checkpoints/step-000002/trainable.pt", weights_only=True)
     assert all(torch.equal(r, t) for r, t in zip(reference, after_bc.values(), strict=True))

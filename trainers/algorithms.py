@@ -66,6 +66,36 @@ def reinforce_pp_advantages(rewards: Tensor, group_ids: Tensor | None = None, *,
     return (centred - centred.mean()) / (centred.std(unbiased=False) + eps)
 
 
+def discounted_returns(rewards: list[float], gamma: float) -> list[float]:
+    """``G_t = r_t + γ·G_{t+1}`` for each turn of an episode."""
+    returns, running = [], 0.0
+    for reward in reversed(rewards):
+        running = reward + gamma * running
+        returns.append(running)
+    return returns[::-1]
+
+
+def step_advantages(
+    returns: list[list[float]], anchors: list[list[str]], group_ids: list[int], *, eps: float = 1e-6
+) -> list[list[float]]:
+    """GiGPO's step-level advantage (arXiv 2505.10978): the turns of one task's group that
+    saw the same environment state (``anchors``, e.g. the observation text) form a step
+    group; each turn's discounted return is normalised inside it, ``(G - mean) / (std + eps)``
+    with the sample std (0 for a turn whose state no other turn of the group saw)."""
+    keys = [(g, anchor) for g, episode in zip(group_ids, anchors, strict=True) for anchor in episode]
+    values = torch.tensor([value for episode in returns for value in episode], dtype=torch.float)
+    if not keys:
+        return [[] for _ in returns]
+    ids = torch.tensor([sorted(set(keys)).index(key) for key in keys])
+    mean, std, count = _group_stats(values, ids)
+    flat = torch.where(count > 1, (values - mean) / (std + eps), torch.zeros_like(values)).tolist()
+    out, start = [], 0
+    for episode in returns:
+        out.append(flat[start : start + len(episode)])
+        start += len(episode)
+    return out
+
+
 def dynamic_sampling_keep(rewards: Tensor, group_ids: Tensor) -> Tensor:
     """DAPO's dynamic sampling: a ``[B]`` bool mask dropping groups whose rewards are all
     equal (they carry no GRPO signal)."""
@@ -159,6 +189,13 @@ def clip_fractions(ratio: Tensor, advantages: Tensor, mask: Tensor, c_low: float
     ).float()
 
 
+def balance(ratio: Tensor, advantages: Tensor, mask: Tensor, c_low: float, c_high: float) -> Tensor:
+    """``[P, N]`` of :func:`positive_share`, as sums (so parts add up over micro-batches)."""
+    active = torch.where(advantages >= 0, ratio <= c_high, ratio >= c_low) & mask.bool()
+    contribution = (ratio * advantages).where(active, torch.zeros_like(ratio))
+    return torch.stack([contribution.clamp(min=0).sum(), (-contribution).clamp(min=0).sum()])
+
+
 def positive_share(
     ratio: Tensor,
     advantages: Tensor,
@@ -174,9 +211,7 @@ def positive_share(
     ``reduce`` sums ``[P, N]`` over data-parallel ranks, so each rank's share of a minibatch
     gives the ρ of the whole minibatch.
     """
-    active = torch.where(advantages >= 0, ratio <= c_high, ratio >= c_low) & mask.bool()
-    contribution = (ratio * advantages).where(active, torch.zeros_like(ratio))
-    sums = torch.stack([contribution.clamp(min=0).sum(), (-contribution).clamp(min=0).sum()])
+    sums = balance(ratio, advantages, mask, c_low, c_high)
     positive, negative = reduce(sums) if reduce is not None else sums
     total = positive + negative
     return positive / total if total > 0 else torch.ones((), dtype=ratio.dtype)

@@ -24,7 +24,7 @@ def train(
         str,
         typer.Option(
             help="bapo (adaptive clipping) | grpo | dapo (clip-higher 0.28, dynamic sampling) | dr-grpo | "
-            "rloo | reinforce++ (REINFORCE++-baseline) | ppo (PPO-clip on whitened outcome rewards: no "
+            "gigpo (per-turn credit) | rloo | reinforce++ (REINFORCE++-baseline) | ppo (PPO-clip on whitened outcome rewards: no "
             "value network, no GAE) | agentevol | critique-rl. Presets of trainers/registry.py; "
             "docs/algorithms/."
         ),

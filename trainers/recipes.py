@@ -23,6 +23,7 @@ from agentgym.policies.chat import END_OF_TURN_TOKENS
 from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
 from agentgym.trainers.algorithms import (
     agentevol_weights,
+    balance,
     clip_fractions,
     clipped_surrogate,
     importance_ratio,
@@ -32,7 +33,7 @@ from agentgym.trainers.algorithms import (
 from agentgym.trainers.batch import TokenBatch, collate
 from agentgym.trainers.collector import sampling
 from agentgym.trainers.learner import Learner, PerTokenLoss
-from agentgym.trainers.registry import CLIP_RULES
+from agentgym.trainers.registry import CLIP_RULES, Bounds
 from agentgym.trajectory import Trajectory, TrajectoryWriter, read_trajectories
 
 if TYPE_CHECKING:
@@ -124,26 +125,20 @@ def clipped_update(trainer: Trainer, minibatch: TokenBatch, kl_coef: float) -> d
     def per_token_loss(micro: TokenBatch) -> torch.Tensor:
         logp, entropy = learner.logprobs(micro, with_entropy=True)
         loss = clipped_surrogate(
-            logp, micro.old_logp, micro.advantages, clip_low=bounds.low, clip_high=bounds.high,
+            logp,
+            micro.old_logp,
+            micro.advantages,
+            clip_low=bounds.low,
+            clip_high=bounds.high,
             dual_clip=config.dual_clip,
-        )  # fmt: skip
+        )
         loss = loss - config.entropy_coef * entropy
         if kl_coef:
             loss = loss + kl_coef * kl_k3(logp, learner.reference_logprobs(micro))
         with torch.no_grad():
-            ratio, mask = importance_ratio(logp, micro.old_logp), micro.loss_mask
-            signed = (
-                ratio
-                * micro.advantages
-                * torch.where(micro.advantages >= 0, ratio <= bounds.high, ratio >= bounds.low)
-                * mask
-            )
-            sums.add_(torch.stack([
-                (entropy * micro.token_weight).sum(), signed.clamp(min=0).sum(), (-signed).clamp(min=0).sum(),
-                *clip_fractions(ratio, micro.advantages, mask, bounds.low, bounds.high),
-                ((micro.old_logp - logp) * mask).sum(),
-            ]))  # fmt: skip
-            ratios.append(ratio[mask.bool()].float().cpu())
+            ratio = importance_ratio(logp, micro.old_logp)
+            sums.add_(update_sums(micro, ratio, logp, entropy, bounds))
+            ratios.append(ratio[micro.loss_mask.bool()].float().cpu())
         return loss
 
     loss = learner.optimize(minibatch, per_token_loss)
@@ -166,6 +161,22 @@ def clipped_update(trainer: Trainer, minibatch: TokenBatch, kl_coef: float) -> d
         **_ratio_figures(trainer.dp.gather(ratios)),
         "loss": loss,
     }
+
+
+def update_sums(
+    micro: TokenBatch, ratio: torch.Tensor, logp: torch.Tensor, entropy: torch.Tensor, bounds: Bounds
+) -> torch.Tensor:
+    """A micro-batch's share of an update's figures, as sums that add up over micro-batches
+    and ranks: ``[Σw·H, P, N, held at c_low, held at c_high, agent tokens, Σ(logp_old - logp)]``."""
+    mask = micro.loss_mask
+    return torch.cat(
+        [
+            (entropy * micro.token_weight).sum()[None],
+            balance(ratio, micro.advantages, mask, bounds.low, bounds.high),
+            clip_fractions(ratio, micro.advantages, mask, bounds.low, bounds.high),
+            ((micro.old_logp - logp) * mask).sum()[None],
+        ]
+    )
 
 
 class ClippedRL:

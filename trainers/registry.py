@@ -21,9 +21,11 @@ from torch import Tensor
 
 from agentgym.trainers.algorithms import (
     bapo_bounds,
+    discounted_returns,
     grpo_advantages,
     reinforce_pp_advantages,
     rloo_advantages,
+    step_advantages,
 )
 from agentgym.trajectory import Trajectory
 
@@ -44,12 +46,53 @@ def outcome(advantages: Callable[[Tensor, Tensor], Tensor]) -> AdvantageEstimato
     return estimate
 
 
+def observations_before_replies(episode: Trajectory) -> list[str]:
+    """The observation the agent answered at each of its turns: GiGPO's anchor states."""
+    messages = episode.messages
+    return [
+        messages[i - 1]["content"] if i > 0 else ""
+        for i, m in enumerate(messages)
+        if m["role"] == "assistant" and m.get("loss", True)
+    ]
+
+
+def gigpo(
+    episodes: Sequence[Trajectory], group_ids: Tensor, *, omega: float = 1.0, gamma: float = 0.95
+) -> list[Advantage]:
+    """GiGPO: GRPO's episode advantage plus ``omega`` × the step advantage of each turn
+    (:func:`~agentgym.trainers.algorithms.step_advantages`, returns discounted by ``gamma``);
+    the paper's ω = 1, γ = 0.95. An episode whose turns cannot be matched to its tokens keeps
+    the episode advantage alone."""
+    episode_level = grpo_advantages(torch.tensor([float(e.score) for e in episodes]), group_ids).tolist()
+    anchors = [observations_before_replies(e) for e in episodes]
+    returns = [discounted_returns(list(e.rewards), gamma) for e in episodes]
+    usable = [
+        len(a) == len(r) == agent_turns(e.loss_mask or [])
+        for e, a, r in zip(episodes, anchors, returns, strict=True)
+    ]
+    steps = step_advantages(
+        [r if ok else [] for r, ok in zip(returns, usable, strict=True)],
+        [a if ok else [] for a, ok in zip(anchors, usable, strict=True)],
+        group_ids.tolist(),
+    )
+    return [
+        [base + omega * step for step in turn] if ok else base
+        for base, turn, ok in zip(episode_level, steps, usable, strict=True)
+    ]
+
+
+def agent_turns(loss_mask: Sequence[int]) -> int:
+    """Runs of consecutive agent tokens: one per agent turn."""
+    return sum(1 for i, m in enumerate(loss_mask) if m and (i == 0 or not loss_mask[i - 1]))
+
+
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     "grpo": outcome(grpo_advantages),
     "grpo-unscaled": outcome(partial(grpo_advantages, normalize_std=False)),  # Dr. GRPO
     "rloo": outcome(rloo_advantages),
     "reinforce++-baseline": outcome(reinforce_pp_advantages),
     "batch-whitened": outcome(lambda rewards, _: reinforce_pp_advantages(rewards)),
+    "gigpo": gigpo,
 }
 
 
@@ -124,6 +167,11 @@ PRESETS: dict[str, Preset] = {
         "rl",
         advantage="grpo-unscaled",
         defaults={"loss_aggregation": "seq-sum-norm"},
+    ),
+    "gigpo": Preset(
+        "GiGPO (arXiv 2505.10978): GRPO episode advantage + step advantage over repeated states (ω 1, γ 0.95)",
+        "rl",
+        advantage="gigpo",
     ),
     "rloo": Preset("RLOO: leave-one-out group baseline, PPO clip 0.2", "rl", advantage="rloo"),
     "reinforce++": Preset(
