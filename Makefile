@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-deps demo play test lint format bench clean
+.PHONY: setup system-deps demo play test lint format bench fuzz clean
 
 setup: $(STAMP)
 
@@ -55,6 +55,10 @@ bench: setup
 	$(BIN)/python bench/server.py
 	$(BIN)/python bench/rollout.py
 	$(BIN)/python bench/train.py
+
+# Schemathesis against every env server and the gateway (minutes; prints requests tried and server errors).
+fuzz: setup
+	$(BIN)/python bench/fuzz.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

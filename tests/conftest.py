@@ -65,6 +65,14 @@ def send_raw(
         return response.status_code, {"text": response.text}
 
 
+def engine_errors(http: httpx.Client) -> float:
+    """An env server's ``agentgym_sessions_engine_errors`` gauge (``http`` has its base URL)."""
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith("agentgym_sessions_engine_errors{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("no engine-error metric")
+
+
 def run_metrics(run: Path) -> list[dict]:
     """A training run's ``metrics.jsonl``, one record per step (every line must parse)."""
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from conftest import send_raw
+from conftest import engine_errors, send_raw
 
 from agentgym.servers.app import ServerConfig
 from agentgym.servers.launcher import ServerProcess, serve_in_thread, start_server_process, wait_healthy
@@ -40,14 +40,6 @@ def textworld_process(textworld_servers: list[ServerProcess]) -> ServerProcess:
         textworld_servers.append(server)
         wait_healthy(server.url, timeout=180, process=server.process)
     return textworld_servers[-1]
-
-
-def engine_errors(http: httpx.Client) -> float:
-    """The server's ``agentgym_sessions_engine_errors`` gauge."""
-    for line in http.get("/metrics").text.splitlines():
-        if line.startswith("agentgym_sessions_engine_errors{"):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError("no engine-error metric")
 
 
 BAD_ACTIONS = {
