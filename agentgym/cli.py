@@ -690,9 +690,10 @@ def view(
     import uvicorn
 
     from agentgym.viewer import NotTrajectoryFile, create_app
+    from agentgym.viewer.app import viewer_hosts
 
     try:
-        application = create_app(path)
+        application = create_app(path, allowed_hosts=viewer_hosts(host))
     except NotTrajectoryFile as exc:
         raise fail(str(exc), EXIT_USAGE) from None
     info = application.state.index.facets()

@@ -17,6 +17,7 @@ Errors are ``{"error": {"code", "message"}}`` like the env servers'.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import yaml
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from agentgym.errors import AgentGymError, NotFound
 from agentgym.trainers.plot import PANELS
@@ -44,20 +46,38 @@ class BadRequest(AgentGymError):
     code = "bad_request"
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+def viewer_hosts(bind: str) -> list[str]:
+    """Host headers the viewer answers when bound to ``bind``: the loopback names and
+    ``bind`` itself; any name when bound to every interface (0.0.0.0 or ::), which shares
+    the viewer on purpose and cannot know the names it is reached by."""
+    if bind in ("0.0.0.0", "::", ""):
+        return ["*"]
+    return list(dict.fromkeys([*LOOPBACK_HOSTS, bind]))
+
+
 def create_app(
     path: str | Path,
     *,
     tokenizer: str | None = None,
     decoder: TokenDecoder | None = None,
     poll_s: float = 3.0,
+    allowed_hosts: Sequence[str] | None = None,
 ) -> FastAPI:
     """The viewer for a run folder or a trajectory JSONL file. Raises
     :class:`~agentgym.viewer.index.NotTrajectoryFile` when ``path`` is missing or is a file
     that is not trajectory JSONL. ``decoder`` (tests) or ``tokenizer`` (a model spec) choose
     the token text; by default it is looked up per :mod:`agentgym.viewer.tokens`.
-    ``poll_s`` is how often the page re-reads metrics and the episode count."""
+    ``poll_s`` is how often the page re-reads metrics and the episode count.
+    ``allowed_hosts`` (``agentgym view`` passes :func:`viewer_hosts`) refuses requests whose
+    Host header names another site with 400: a page on evil.example that re-points its
+    DNS name at 127.0.0.1 (DNS rebinding) must not read the run; ``None`` checks nothing."""
     index = EpisodeIndex(path)
     app = FastAPI(title="AgentGym viewer", docs_url=None, redoc_url=None)
+    if allowed_hosts is not None:
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
     app.state.index = index
     specs = [s for s in (tokenizer, _config_model(index.root)) if s]
 

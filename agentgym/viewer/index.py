@@ -171,7 +171,15 @@ class EpisodeIndex:
             self.skipped_lines += 1
             log.warning("%s: skipping a line at byte %d that is not a trajectory record", path, offset)
             return
-        self.summaries.append(summarize(len(self.summaries), source, step, record))
+        try:
+            summary = summarize(len(self.summaries), source, step, record)
+        except (TypeError, ValueError, OverflowError) as exc:
+            # A field of the wrong type ("sample": "x"): skip the line. Raising here would
+            # leave the scan offset before it, so every later refresh would fail on it again.
+            self.skipped_lines += 1
+            log.warning("%s: skipping a record at byte %d with a malformed field: %s", path, offset, exc)
+            return
+        self.summaries.append(summary)
         self._locations.append(_Location(path, offset, len(line)))
 
     def record(self, episode_id: int) -> dict[str, Any]:
