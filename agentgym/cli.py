@@ -85,6 +85,10 @@ def serve(
     ] = None,
     max_body_bytes: Annotated[int, typer.Option(min=256, help="Largest request body (413 beyond).")] = 65536,
     engine_threads: Annotated[int, typer.Option(min=1, help="Threads for blocking engine calls.")] = 16,
+    step_deadline: Annotated[
+        float, typer.Option(min=0.1, help="Seconds a step may take before its session fails (503).")
+    ] = 60.0,
+    reset_deadline: Annotated[float, typer.Option(min=0.1, help="Seconds a reset may take.")] = 600.0,
     settings: Annotated[
         list[str], typer.Option("--set", help="Environment setting KEY=VALUE (YAML value); repeatable.")
     ] = [],  # noqa: B006 - typer reads the default, never mutates it
@@ -105,12 +109,18 @@ def serve(
         token=token,
         max_body_bytes=max_body_bytes,
         engine_threads=engine_threads,
+        step_deadline=step_deadline,
+        reset_deadline=reset_deadline,
     )
     try:
         application = create_app(config)
     except TypeError as exc:  # a --set key the environment's constructor does not take
         raise fail(f"bad setting for {env!r}: {exc}", EXIT_USAGE) from None
     uvicorn.run(application, host=host, port=port, log_level=log_level, timeout_keep_alive=KEEP_ALIVE_S)
+    stuck = application.state.sessions.stuck_calls
+    if stuck:  # Python would join those engine threads at exit, i.e. wait for ever
+        console.print(f"{stuck} engine call(s) still stuck past their deadline; exiting without them")
+        os._exit(0)
 
 
 def parse_replica_counts(specs: list[str]) -> dict[str, int]:

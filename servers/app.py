@@ -69,6 +69,11 @@ class ServerConfig:
     """Larger request bodies get 413."""
     engine_threads: int = 16
     """Threads that run blocking engine calls."""
+    step_deadline: float | None = 60.0
+    """Seconds a step (or any engine call but a reset) may take before its session is
+    failed with 503 ``engine_failed``; a backstop for engine hangs the input rules miss."""
+    reset_deadline: float | None = 600.0
+    """Seconds a reset may take (it may wait for its game to be generated)."""
 
 
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -85,6 +90,8 @@ def create_app(config: ServerConfig) -> FastAPI:
         max_sessions=config.max_sessions,
         ttl=config.ttl,
         engine_threads=config.engine_threads,
+        step_deadline=config.step_deadline,
+        reset_deadline=config.reset_deadline,
     )
     metrics = ServerMetrics(config.env, sessions)
 
@@ -156,7 +163,9 @@ def _v1_router(config: ServerConfig, catalog: TextEnv, sessions: SessionManager,
         kwargs = _reset_kwargs(catalog, body)  # bad options are refused before an engine is built
         session = await sessions.open()
         try:
-            observation, info = await sessions.call(session, session.env.reset, **kwargs)
+            observation, info = await sessions.call(
+                session, session.env.reset, deadline=sessions.reset_deadline, **kwargs
+            )
         except BaseException:
             with contextlib.suppress(AgentGymError):
                 await sessions.close(session.session_id)
@@ -172,7 +181,9 @@ def _v1_router(config: ServerConfig, catalog: TextEnv, sessions: SessionManager,
         current = session.env.current_task
         if current and not (body and (body.task_id or body.split or body.index is not None)):
             kwargs["task_id"] = current.task_id
-        observation, info = await sessions.call(session, session.env.reset, **kwargs)
+        observation, info = await sessions.call(
+            session, session.env.reset, deadline=sessions.reset_deadline, **kwargs
+        )
         return {"observation": observation, "info": info}
 
     @router.post("/sessions/{session_id}/step", response_model=StepResult)

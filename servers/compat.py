@@ -66,7 +66,9 @@ def compat_router(catalog: TextEnv, sessions: SessionManager) -> APIRouter:
         """Start task number ``data_idx`` (all splits in /metadata order) in session ``id``."""
         session = session_for(body.id)
         task = _task_by_data_idx(catalog, body.data_idx)
-        observation, info = await sessions.call(session, session.env.reset, task_id=task.task_id)
+        observation, info = await sessions.call(
+            session, session.env.reset, task_id=task.task_id, deadline=sessions.reset_deadline
+        )
         response = {
             "observation": observation,
             "info": info,

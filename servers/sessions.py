@@ -15,7 +15,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -74,8 +74,14 @@ class SessionManager:
         max_sessions: int = 64,
         ttl: float = 600.0,
         engine_threads: int = 16,
+        step_deadline: float | None = None,
+        reset_deadline: float | None = None,
     ) -> None:
         self._env_factory = env_factory
+        self.step_deadline = step_deadline
+        """Seconds an engine call may take (the default of :meth:`call`); None: no limit."""
+        self.reset_deadline = reset_deadline
+        """Seconds a reset may take (callers pass it): longer, as it may wait for a game to be built."""
         self.max_sessions = max_sessions
         self.ttl = ttl
         self._sessions: dict[str, Session] = {}
@@ -85,6 +91,9 @@ class SessionManager:
         self._executor = ThreadPoolExecutor(engine_threads, thread_name_prefix="engine")
         self._reaper: asyncio.Task | None = None
         self.stats = SessionStats()
+        self.stuck_calls = 0
+        """Engine calls past their deadline that have not returned yet (their threads are
+        busy until they do: a thread stuck in C code cannot be killed)."""
 
     # ----- lifecycle ----------------------------------------------------------------
 
@@ -102,7 +111,8 @@ class SessionManager:
         for session_id in list(self._sessions):
             with contextlib.suppress(UnknownSession):  # closed meanwhile by a request
                 await self.close(session_id)
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        # Never wait for a stuck engine thread: shutdown must finish in bounded time.
+        self._executor.shutdown(wait=not self.stuck_calls, cancel_futures=True)
 
     async def run_engine(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run blocking engine work on the pool."""
@@ -141,21 +151,39 @@ class SessionManager:
             raise UnknownSession(f"no environment with id {compat_id} (never created, closed or expired)")
         return self.get(session_id)
 
-    async def call(self, session: Session, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def call(
+        self,
+        session: Session,
+        method: Callable[..., T],
+        *args: Any,
+        deadline: float | None = None,
+        **kwargs: Any,
+    ) -> T:
         """Run ``method`` (bound to ``session.env``) under the session's lock.
 
         Contract errors (bad action, episode over, ...) pass through and leave the
         session usable; any other exception means the engine is broken, so the session
-        is closed and a 503 is raised.
+        is closed and a 503 is raised. So is a call that takes longer than ``deadline``
+        seconds (default: ``step_deadline``): the session is dropped at once (its lock freed, so DELETE and the reaper
+        never hang on it) and its engine closed whenever the stuck call returns.
         """
+        deadline = deadline or self.step_deadline
         async with session.lock:
             if session.closed:
                 raise UnknownSession(f"session {session.session_id!r} was closed")
             session.last_active = time.monotonic()
+            future = self._executor.submit(lambda: method(*args, **kwargs))
             try:
-                return await self.run_engine(method, *args, **kwargs)
+                return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), deadline)
             except AgentGymError:
                 raise
+            except TimeoutError:
+                log.error("engine call in session %s passed its %gs deadline", session.session_id, deadline)
+                self.stats.engine_errors += 1
+                self._abandon(session, future)
+                raise EngineError(
+                    f"the environment engine did not answer within {deadline:g}s; the session was closed"
+                ) from None
             except Exception as exc:
                 log.exception("engine failure in session %s", session.session_id)
                 self.stats.engine_errors += 1
@@ -202,6 +230,24 @@ class SessionManager:
             return 1.0
         oldest = min(s.last_active for s in self._sessions.values())
         return max(1.0, self.ttl - (time.monotonic() - oldest))
+
+    def _abandon(self, session: Session, stuck: Future) -> None:
+        """Drop a session whose engine call is stuck; close its engine in that call's own
+        thread once (if ever) it returns, so nothing touches the engine while it runs."""
+        session.closed = True
+        self._sessions.pop(session.session_id, None)
+        self._by_compat_id.pop(session.compat_id, None)
+        self.stats.closed += 1
+        self.stuck_calls += 1
+
+        def close_when_done(_: Future) -> None:
+            self.stuck_calls -= 1
+            try:
+                session.env.close()
+            except Exception:
+                log.exception("closing the engine of abandoned session %s failed", session.session_id)
+
+        stuck.add_done_callback(close_when_done)
 
     async def _close_locked(self, session: Session) -> None:
         if session.closed:
