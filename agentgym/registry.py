@@ -35,6 +35,11 @@ def register(name: str, factory: EnvFactory | str, *, overwrite: bool = False) -
     _registry[name] = factory
 
 
+def unregister(name: str) -> None:
+    """Forget ``name`` (a test's or a plugin's own environment); unknown names are ignored."""
+    _registry.pop(name, None)
+
+
 def names() -> list[str]:
     return sorted(_registry)
 

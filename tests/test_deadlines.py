@@ -43,6 +43,7 @@ def hanging_env() -> Iterator[None]:
     registry.register(HangingChoiceEnv.name, HangingChoiceEnv, overwrite=True)
     yield
     RELEASE.set()
+    registry.unregister(HangingChoiceEnv.name)  # later tests list every registered env
 
 
 def create(http: httpx.Client) -> dict[str, Any]:
