@@ -94,12 +94,19 @@ def test_the_logged_cloning_loss_does_not_depend_on_micro_batching(
     whether it is computed in one micro-batch or four (a mean of per-micro-batch means is not)."""
     losses = []
     for micro in (1, 4):
-        settings = {"env": "math", "env_settings": "{n_train: 8, n_test: 2}", "bc_steps": 2}
+        # A large learning rate: a random model's per-token losses are all ~ln(vocab), so the
+        # weighting shows in the second step's loss, after an update the weighting steered.
+        settings = {
+            "env": "math",
+            "env_settings": "{n_train: 8, n_test: 2}",
+            "bc_steps": 3,
+            "learning_rate": 0.05,
+        }
         settings |= {"bc_batch_size": 4, "stage1_steps": 0, "micro_batch_size": micro, "minibatch_size": 4}
         code, output = train(tmp_path / str(micro), "critique-rl", tiny_model_dir, **settings)
         assert code == 0, output
         losses.append([r["loss"] for r in run_metrics(tmp_path / str(micro))])
-    assert losses[0] == pytest.approx(losses[1], rel=1e-4)
+    assert losses[0] == pytest.approx(losses[1], rel=1e-3)
 
 
 def test_the_kl_reference_is_the_policy_after_behaviour_cloning(
