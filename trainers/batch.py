@@ -65,14 +65,23 @@ def per_token(advantage: float | Sequence[float], loss_mask: Sequence[int]) -> l
     whole episode, or one per agent turn (a turn is a run of consecutive agent tokens)."""
     if isinstance(advantage, int | float):
         return [float(advantage) * m for m in loss_mask]
-    values, turn, previous = [], -1, 0
-    for m in loss_mask:
-        turn += int(m and not previous)
+    turns = agent_turns(loss_mask)
+    if turns != len(advantage):
+        raise ValueError(f"{len(advantage)} per-turn advantages for an episode of {turns} agent turns")
+    values, turn = [], -1
+    for i, m in enumerate(loss_mask):
+        turn += int(_turn_starts(loss_mask, i))
         values.append(float(advantage[turn]) if m else 0.0)
-        previous = m
-    if turn + 1 != len(advantage):
-        raise ValueError(f"{len(advantage)} per-turn advantages for an episode of {turn + 1} agent turns")
     return values
+
+
+def agent_turns(loss_mask: Sequence[int]) -> int:
+    """Runs of consecutive agent tokens: one per agent turn."""
+    return sum(_turn_starts(loss_mask, i) for i in range(len(loss_mask)))
+
+
+def _turn_starts(loss_mask: Sequence[int], i: int) -> bool:
+    return bool(loss_mask[i]) and (i == 0 or not loss_mask[i - 1])
 
 
 def collate(

@@ -27,6 +27,7 @@ from agentgym.trainers.algorithms import (
     rloo_advantages,
     step_advantages,
 )
+from agentgym.trainers.batch import agent_turns
 from agentgym.trajectory import Trajectory
 
 Advantage = float | list[float]
@@ -79,11 +80,6 @@ def gigpo(
         [base + omega * step for step in turn] if ok else base
         for base, turn, ok in zip(episode_level, steps, usable, strict=True)
     ]
-
-
-def agent_turns(loss_mask: Sequence[int]) -> int:
-    """Runs of consecutive agent tokens: one per agent turn."""
-    return sum(1 for i, m in enumerate(loss_mask) if m and (i == 0 or not loss_mask[i - 1]))
 
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
