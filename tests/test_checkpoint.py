@@ -191,3 +191,35 @@ def test_an_unknown_format_is_refused_naming_it(tmp_path) -> None:
     (foreign / "model.safetensors").write_bytes(b"\0")
     with pytest.raises(ValueError, match=r"unrecognised checkpoint format.*model\.safetensors"):
         RunDir.load_checkpoint(foreign, *_fresh())
+
+
+def _steps(run: RunDir) -> list[int]:
+    return sorted(int(p.name.removeprefix("step-")) for p in run.checkpoints.glob("step-*"))
+
+
+def test_retention_keeps_the_newest_complete_checkpoints_and_the_best(tmp_path) -> None:
+    run = RunDir(tmp_path)
+    model, optimizer = _trained()
+    held_out = {1: 0.2, 2: 0.9, 3: 0.1, 4: 0.3, 5: 0.0, 6: 0.0}
+    for step, success in held_out.items():
+        with open(run.metrics_path, "a") as fh:  # logged before the save, as the trainer does
+            fh.write(json.dumps({"step": step, "eval_success_rate": success}) + "\n")
+        run.save_checkpoint(step, model, optimizer, {}, keep=2)
+        if step == 4:  # step 4 is torn later (a bad disk): it must not count among the kept
+            (run.checkpoints / "step-000004" / "trainable.pt").write_bytes(b"torn")
+    assert _steps(run) == [2, 5, 6]  # the two newest complete ones and the best (step 2)
+    assert run.best_step() == 2 and run.latest_checkpoint() == run.checkpoints / "step-000006"
+    assert not list(run.checkpoints.glob(".step-*"))  # nothing half-deleted left behind
+
+
+def test_retention_never_deletes_what_resume_falls_back_to(tmp_path) -> None:
+    run = RunDir(tmp_path)
+    model, optimizer = _trained()
+    for step in (1, 2, 3):
+        run.save_checkpoint(step, model, optimizer, {}, keep=1)
+    assert _steps(run) == [3]  # no evaluation yet: no best to keep
+    run.save_checkpoint(4, model, optimizer, {}, keep=0)
+    (run.checkpoints / "step-000004" / "optimizer.pt").write_bytes(b"torn")
+    run.prune(keep=1)
+    assert _steps(run) == [3]  # the torn newest goes; step 3, the resume fallback, stays
+    assert run.latest_checkpoint() == run.checkpoints / "step-000003"

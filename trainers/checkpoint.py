@@ -9,6 +9,11 @@ folders after its own (an abandoned run's). Files load with
 ``torch.load(weights_only=True)``, so a run folder cannot run code; folders from before the
 manifest (format 1) still load. Resuming truncates the metrics log to the checkpoint's
 step, so the log never holds a step twice or misses one.
+
+Retention: each save keeps the ``keep`` newest *complete* checkpoints (a torn folder never
+counts, so the one resume would fall back to is always among them) plus the best by
+held-out success (``eval_success_rate`` in ``metrics.jsonl``); the rest are renamed to a
+staging name, then deleted (a crash in between leaves them to the next save's cleanup).
 """
 
 from __future__ import annotations
@@ -140,10 +145,14 @@ def _legacy_problem(folder: Path) -> str | None:
 
 
 class RunDir:
-    def __init__(self, path: str | Path) -> None:
+    """A run folder. ``create=False`` only reads one (no folder is made: ``eval`` and
+    ``export`` open runs that way)."""
+
+    def __init__(self, path: str | Path, *, create: bool = True) -> None:
         self.path = Path(path)
         self.checkpoints = self.path / CHECKPOINTS
-        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        if create:
+            self.checkpoints.mkdir(parents=True, exist_ok=True)
 
     @property
     def metrics_path(self) -> Path:
@@ -163,9 +172,53 @@ class RunDir:
             log.warning("none of the %d step folders in %s is complete", len(folders), self.checkpoints)
         return None
 
+    def checkpoint_at(self, step: int) -> Path:
+        """The complete checkpoint of ``step``; ValueError naming the steps there are otherwise."""
+        folder = self.checkpoints / f"{STEP_PREFIX}{step:06d}"
+        if not folder.is_dir():
+            steps = sorted(self._step_folders().values())
+            raise ValueError(f"{self.path} has no checkpoint of step {step}; it has steps {steps}")
+        if problem := checkpoint_problem(folder):
+            raise ValueError(f"checkpoint {folder} is not complete: {problem}")
+        return folder
+
+    def best_step(self) -> int | None:
+        """The step with the highest held-out success (``eval_success_rate``) that still has
+        a checkpoint folder; the later one on a tie. None before any evaluation."""
+        saved = set(self._step_folders().values())
+        scored = [
+            (record["eval_success_rate"], record["step"])
+            for record in MetricsLog(self.metrics_path).read()
+            if isinstance(record.get("eval_success_rate"), int | float) and record.get("step") in saved
+        ]
+        return max(scored)[1] if scored else None
+
     def _step_folders(self) -> dict[Path, int]:
         found = {p: p.name.removeprefix(STEP_PREFIX) for p in self.checkpoints.glob(f"{STEP_PREFIX}*")}
         return {p: int(n) for p, n in found.items() if n.isdigit() and p.is_dir()}
+
+    def prune(self, keep: int) -> list[Path]:
+        """Delete all checkpoints but the ``keep`` newest complete ones and the best
+        (:meth:`best_step`); ``keep=0`` keeps every one. Returns the deleted folders."""
+        if keep < 0:
+            raise ValueError(f"keep must be at least 0, got {keep}")
+        if keep == 0:
+            return []
+        best, kept, doomed = self.best_step(), 0, []
+        for folder, step in sorted(self._step_folders().items(), key=lambda item: -item[1]):
+            if kept < keep and checkpoint_problem(folder) is None:
+                kept += 1
+            elif step != best:
+                doomed.append(folder)
+        for folder in doomed:
+            # Renamed first: a crash mid-delete leaves a staging name that the next save
+            # cleans up, never a half-deleted step folder that looks like a checkpoint.
+            trash = self.checkpoints / f".{folder.name}-pruned"
+            os.replace(folder, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+        if doomed:
+            _fsync_dir(self.checkpoints)
+        return doomed
 
     def _remove_leftovers(self, step: int) -> None:
         """Delete the ``.step-*`` staging folders of killed saves, and step folders after
@@ -184,11 +237,12 @@ class RunDir:
         optimizer: torch.optim.Optimizer,
         state: dict[str, Any],
         files: dict[str, str] | None = None,
+        keep: int = 0,
     ) -> Path:
         """Save trainable weights, optimizer, RNG, ``state`` (JSON-able) and ``files``
-        (name: text, e.g. the replay buffer) for ``step``. Only one process may save into
-        a run folder: this removes the staging folders of killed saves and any step
-        folders after ``step``."""
+        (name: text, e.g. the replay buffer) for ``step``, then :meth:`prune` to ``keep``
+        (0: keep all). Only one process may save into a run folder: this removes the
+        staging folders of killed saves and any step folders after ``step``."""
         files = files or {}
         reserved = {*LEGACY_FILES, MANIFEST}
         if bad := [n for n in files if n in reserved or Path(n).name != n or n.startswith(".")]:
@@ -209,7 +263,9 @@ class RunDir:
         record = json.dumps({"format": FORMAT, "files": manifest}, indent=2).encode()
         _write_durably(staging / MANIFEST, lambda fh: fh.write(record))
         _fsync_dir(staging)
-        return self._publish(staging, name)
+        final = self._publish(staging, name)
+        self.prune(keep)
+        return final
 
     def _publish(self, staging: Path, name: str) -> Path:
         """Rename ``staging`` to ``name`` (an older folder of that name is moved aside under
@@ -231,9 +287,7 @@ class RunDir:
         """Restore weights, optimizer and RNG from ``folder``; return its state (with ``step``).
         Raises ValueError for a torn, unknown-format or unsafe checkpoint."""
         folder = Path(folder)
-        if problem := checkpoint_problem(folder):
-            raise ValueError(f"cannot load checkpoint {folder}: {problem}")
-        trainable = _safe_load(folder / "trainable.pt")
+        trainable = load_trainable(folder)
         missing = set(trainable) - {k for k, v in model.named_parameters() if v.requires_grad}
         if missing:
             raise ValueError(f"checkpoint {folder} does not match the model: unknown {sorted(missing)[:3]}")
@@ -242,6 +296,14 @@ class RunDir:
         optimizer.load_state_dict(saved["optimizer"])
         set_rng_state(saved["rng"])
         return json.loads((folder / "state.json").read_text())
+
+
+def load_trainable(folder: Path) -> dict[str, torch.Tensor]:
+    """The trained weights of a complete checkpoint (LoRA adapters, or every weight when a
+    run trained all of them), by parameter name; ValueError for a torn or unsafe one."""
+    if problem := checkpoint_problem(folder):
+        raise ValueError(f"cannot load checkpoint {folder}: {problem}")
+    return _safe_load(folder / "trainable.pt")
 
 
 class MetricsLog:

@@ -213,6 +213,9 @@ class TrainConfig:
     """Test tasks per evaluation."""
     checkpoint_every: int = 1
     """Save a checkpoint every N steps (the last step always saves)."""
+    keep_checkpoints: int = 3
+    """Checkpoints kept: the N newest complete ones plus the best by held-out success
+    (``eval_success_rate``); older ones are deleted as new ones are saved. 0 keeps all."""
 
     def __post_init__(self) -> None:
         self._coerce_numbers()

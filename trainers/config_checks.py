@@ -31,8 +31,9 @@ def config_problems(config: TrainConfig) -> list[str]:
             ScalingInterHorizon(config.rounds, config.interval)
         except ValueError as exc:
             problems.append(str(exc))
-    if config.max_refills < 0:
-        problems.append("max_refills must be at least 0")
+    for name in ("max_refills", "keep_checkpoints"):
+        if getattr(config, name) < 0:
+            problems.append(f"{name} must be at least 0")
     if not 0 < config.clip.eps_low < 1 or config.clip.eps_high <= 0:
         problems.append("clip needs 0 < eps_low < 1 and eps_high > 0")
     if config.dual_clip and config.dual_clip <= 1:

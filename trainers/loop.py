@@ -124,7 +124,12 @@ class Trainer:
             files = {REPLAY_FILE: self.collector.replay.dumps()} if self.config.replay_ratio > 0 else {}
             learner = self.learner
             self.run_dir.save_checkpoint(
-                step, learner.model, learner.optimizer, {"phase": record["phase"]}, files
+                step,
+                learner.model,
+                learner.optimizer,
+                {"phase": record["phase"]},
+                files,
+                keep=self.config.keep_checkpoints,
             )
 
     def _eval_due(self, step: int) -> bool:
