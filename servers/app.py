@@ -31,8 +31,10 @@ from agentgym.errors import (
     UnknownTask,
 )
 from agentgym.servers.compat import compat_router
+from agentgym.servers.episodes import play_step, reset_kwargs
 from agentgym.servers.metrics import CONTENT_TYPE, ServerMetrics
 from agentgym.servers.middleware import BearerTokenMiddleware, BodySizeLimitMiddleware
+from agentgym.servers.openenv import openenv_routers
 from agentgym.servers.sessions import SessionManager
 from agentgym.wire import (
     CreateSessionRequest,
@@ -118,6 +120,8 @@ def create_app(config: ServerConfig) -> FastAPI:
         app.add_middleware(BearerTokenMiddleware, token=config.token)
     app.include_router(_v1_router(config, catalog, sessions, metrics))
     app.include_router(compat_router(catalog, sessions))
+    for router in openenv_routers(catalog, sessions, metrics, config.max_body_bytes):
+        app.include_router(router)
     web_router = catalog.web_router()
     if web_router is not None:
         app.include_router(web_router, prefix=WEB_PREFIX, include_in_schema=False)
@@ -160,7 +164,7 @@ def _v1_router(config: ServerConfig, catalog: TextEnv, sessions: SessionManager,
     @router.post("/sessions", status_code=201, response_model=SessionCreated)
     async def create_session(body: CreateSessionRequest | None = None) -> dict[str, Any]:
         """Open a session with its own engine and start an episode; 429 when at capacity."""
-        kwargs = _reset_kwargs(catalog, body)  # bad options are refused before an engine is built
+        kwargs = reset_kwargs(catalog, body)  # bad options are refused before an engine is built
         session = await sessions.open()
         try:
             observation, info = await sessions.call(
@@ -177,7 +181,7 @@ def _v1_router(config: ServerConfig, catalog: TextEnv, sessions: SessionManager,
         """Start a new episode in the session: on the task chosen as for create, or, when the
         body names none (no task_id, split or index), on the session's current task again."""
         session = sessions.get(session_id)
-        kwargs = _reset_kwargs(catalog, body)
+        kwargs = reset_kwargs(catalog, body)
         current = session.env.current_task
         if current and not (body and (body.task_id or body.split or body.index is not None)):
             kwargs["task_id"] = current.task_id
@@ -190,19 +194,7 @@ def _v1_router(config: ServerConfig, catalog: TextEnv, sessions: SessionManager,
     async def step_session(session_id: str, body: StepRequest) -> dict[str, Any]:
         """Play one action. 409 once the episode terminated or was truncated."""
         action = catalog.validate_action(body.action)  # before the engine thread: 400, session intact
-        session = sessions.get(session_id)
-        observation, reward, terminated, truncated, info = await sessions.call(
-            session, session.env.step, action
-        )
-        if terminated or truncated:
-            metrics.episode_finished(terminated, bool(info.get("success")))
-        return {
-            "observation": observation,
-            "reward": reward,
-            "terminated": terminated,
-            "truncated": truncated,
-            "info": info,
-        }
+        return await play_step(sessions, metrics, sessions.get(session_id), action)
 
     @router.get("/sessions/{session_id}", response_model=SessionState)
     async def get_session(session_id: str) -> dict[str, Any]:
@@ -221,19 +213,6 @@ def _v1_router(config: ServerConfig, catalog: TextEnv, sessions: SessionManager,
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     return router
-
-
-def _reset_kwargs(catalog: TextEnv, body: CreateSessionRequest | ResetRequest | None) -> dict[str, Any]:
-    """Map a create/reset body onto ``TextEnv.reset`` keyword arguments, its options
-    checked by the env's rules (SchemaError, 422) so no engine sees a bad one."""
-    if body is None:
-        return {}
-    options = catalog.check_options(body.options)
-    if body.split is not None:
-        options["split"] = body.split
-    if body.index is not None:
-        options["index"] = body.index
-    return {"task_id": body.task_id, "seed": body.seed, "options": options}
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -6,8 +6,11 @@ the server almost nothing and can never reach an engine.
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import hmac
 import json
+from urllib.parse import parse_qs
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -25,9 +28,13 @@ async def send_error(send: Send, exc: AgentGymError) -> None:
 
 class BearerTokenMiddleware:
     """Require ``Authorization: Bearer <token>`` on every route but ``/health``. The scheme
-    is matched case-insensitively (RFC 9110 §11.1: ``bearer`` is the same scheme)."""
+    is matched case-insensitively (RFC 9110 §11.1: ``bearer`` is the same scheme).
 
-    OPEN_PATHS = frozenset({"/health"})
+    WebSocket handshakes (OpenEnv's ``/ws``) also take the token as Basic credentials'
+    password (what a client sends for ``ws://user:TOKEN@host``; OpenEnv's client can set no
+    header) or as the query parameter ``token``; without it the handshake is refused (403)."""
+
+    OPEN_PATHS = frozenset({"/health", "/openenv/health"})
 
     def __init__(self, app: ASGIApp, token: str) -> None:
         self.app = app
@@ -35,11 +42,39 @@ class BearerTokenMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in self.OPEN_PATHS:
-            scheme, _, given = dict(scope["headers"]).get(b"authorization", b"").partition(b" ")
-            if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.expected):
-                await send_error(send, Unauthorized("missing or wrong bearer token"))
-                return
-        await self.app(scope, receive, send)
+            allowed = self._matches(bearer_token(scope))
+        elif scope["type"] == "websocket":
+            allowed = any(self._matches(given) for given in websocket_tokens(scope))
+        else:
+            allowed = True
+        if allowed:
+            await self.app(scope, receive, send)
+        elif scope["type"] == "http":
+            await send_error(send, Unauthorized("missing or wrong bearer token"))
+        else:
+            # Closing before the handshake is accepted refuses it with HTTP 403 (ASGI spec).
+            # A 401 body (ASGI's denial-response extension) would be nicer, but uvicorn logs
+            # every such refusal as an error of the app.
+            await send({"type": "websocket.close", "code": 1008, "reason": "missing or wrong token"})
+
+    def _matches(self, given: bytes | None) -> bool:
+        return given is not None and hmac.compare_digest(given, self.expected)
+
+
+def bearer_token(scope: Scope) -> bytes | None:
+    scheme, _, given = dict(scope["headers"]).get(b"authorization", b"").partition(b" ")
+    return given.strip() if scheme.lower() == b"bearer" else None
+
+
+def websocket_tokens(scope: Scope) -> list[bytes | None]:
+    """The tokens a handshake offers: bearer header, Basic password, ``?token=``."""
+    scheme, _, given = dict(scope["headers"]).get(b"authorization", b"").partition(b" ")
+    basic_password = None
+    if scheme.lower() == b"basic":
+        with contextlib.suppress(ValueError):
+            basic_password = base64.b64decode(given.strip(), validate=True).partition(b":")[2]
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    return [bearer_token(scope), basic_password, *(t.encode() for t in query.get("token", []))]
 
 
 class BodySizeLimitMiddleware:
