@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from agentgym.agents import DEFAULT_FORMAT, AgentFormat, get_format, window
+from agentgym.agents import DEFAULT_FORMAT, AgentFormat, get_format, window, with_actions
 from agentgym.agents.tokens import TokenContext, oldest_version
 from agentgym.client import AsyncEnvClient, RetryPolicy
 from agentgym.errors import AgentGymError, InvalidAction
@@ -60,6 +60,13 @@ class RolloutConfig:
     """Sampling for every generation (a ``seed`` is varied per task, sample and turn)."""
     format: str = DEFAULT_FORMAT
     """Agent format: ``react``, ``json`` or ``plain`` (see :mod:`agentgym.agents`)."""
+    show_actions: bool = False
+    """Append the env's valid commands (``info["available_actions"]``) to every observation
+    the policy sees; envs that report none are unaffected."""
+    max_context_tokens: int | None = None
+    """Token-level policies: an episode whose context plus ``sampling.max_new_tokens`` would
+    pass this many tokens ends with ``end_reason = "context_full"`` before the turn
+    (``None``: the policy's ``context_window``, the model's window, when it has one)."""
     history_turns: int | None = None
     """Text backends see the system prompt, the first observation and the last this many
     turns (``None``: all). Token backends always see the full incremental context."""
@@ -170,6 +177,9 @@ class Episode:
         self.actions: list[str | None] = []
         self.end_reason: str | None = None
         self.error: str | None = None
+        self.invalid_turns = 0
+        """Turns whose reply did not parse, whose action the env refused, or whose action is
+        not among the valid commands the env listed."""
         self.timings = {"generation": 0.0, "env": 0.0, "total": 0.0}
         self._paused = False
         self._generated_now = 0
@@ -234,20 +244,25 @@ class Episode:
             self.ctx.client.create(self.spec.task_id, seed=self.ctx.config.seed, options=options)
         )
         self.session_id, self.info = created.session_id, created.info
+        observation = self._shown(created.observation)
         self.messages = [
             {"role": "system", "content": self.ctx.system_prompt, "loss": False},
-            {"role": "user", "content": created.observation, "loss": False},
+            {"role": "user", "content": observation, "loss": False},
         ]
         tokenizer = self.ctx.policy.tokenizer
         if tokenizer is not None:
-            self.tokens = TokenContext(tokenizer, self.ctx.system_prompt, created.observation)
+            self.tokens = TokenContext(tokenizer, self.ctx.system_prompt, observation)
 
     async def _turn(self) -> None:
+        if self._context_full():
+            self.end_reason = "context_full"
+            return
         reply = await self._generate()
         self.messages.append({"role": "assistant", "content": reply, "loss": True})
         parsed = self.ctx.agent.parse(reply)
         if parsed.action is None:
             assert parsed.error is not None
+            self.invalid_turns += 1
             self._observe(self.ctx.agent.feedback(parsed.error), None, 0.0)
         else:
             await self._act(parsed.action)
@@ -255,6 +270,8 @@ class Episode:
             self.end_reason = "truncated"
 
     async def _act(self, action: str) -> None:
+        valid = self.info.get("available_actions")
+        listed = not valid or action in valid  # an env that lists no commands takes any
         try:
             result: StepResult = await self._env(self.ctx.client.step(self.session_id, action))
         except EpisodeError as exc:
@@ -262,21 +279,39 @@ class Episode:
                 raise
             # The env refused the command itself (too long, empty after its own cleanup):
             # the model can fix that, so it is a spent turn like a reply that did not parse.
+            self.invalid_turns += 1
             self._observe(self.ctx.agent.feedback(f"the environment refused the action: {exc}"), action, 0.0)
             return
+        self.invalid_turns += not listed
         self.info = result.info
-        self._observe(result.observation, action, result.reward)
         if result.terminated:
             self.end_reason = "terminated"
         elif result.truncated:
             self.end_reason = "truncated"
+        self._observe(result.observation, action, result.reward)
 
     def _observe(self, observation: str, action: str | None, reward: float) -> None:
         self.actions.append(action)
         self.rewards.append(reward)
+        observation = self._shown(observation)
         self.messages.append({"role": "user", "content": observation, "loss": False})
         if self.tokens is not None:
             self.tokens.add_observation(observation, len(self.messages))
+
+    def _context_full(self) -> bool:
+        """Whether the next reply could run past the context limit (a model past its window
+        fails or silently forgets the start; the episode ends instead, with its own reason)."""
+        limit = self.ctx.config.max_context_tokens or getattr(self.ctx.policy, "context_window", None)
+        if self.tokens is None or limit is None:
+            return False
+        return len(self.tokens.ids) + self.ctx.config.sampling.max_new_tokens > limit
+
+    def _shown(self, observation: str) -> str:
+        """The observation as the policy sees it (with the valid commands when configured and
+        the episode goes on)."""
+        if not self.ctx.config.show_actions or self.end_reason is not None:
+            return observation
+        return with_actions(observation, self.info.get("available_actions"))
 
     # ----- calls that may fail -----------------------------------------------------------
 
@@ -380,6 +415,7 @@ class Episode:
             score=float(self.info.get("score", 0.0)),
             success=bool(self.info.get("success", False)),
             turns=sum(m["role"] == "assistant" for m in self.messages),
+            invalid_turns=self.invalid_turns,
             end_reason=self.end_reason or "truncated",
             error=self.error,
             template_drift=drift,

@@ -62,8 +62,12 @@ class Trajectory:
     success: bool = False
     turns: int = 0
     """Agent turns played (replies generated), parse failures included."""
+    invalid_turns: int = 0
+    """Turns whose reply did not parse, whose action the env refused, or whose action is not
+    among the valid commands the env listed."""
     end_reason: str = "truncated"
-    """``terminated`` (task won or lost), ``truncated`` (turn limit) or ``error:<kind>``."""
+    """``terminated`` (task won or lost), ``truncated`` (turn limit), ``context_full`` (the
+    next reply would not fit the context limit) or ``error:<kind>``."""
     error: str | None = None
     """The error message when ``end_reason`` is an error."""
     template_drift: bool = False

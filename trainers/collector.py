@@ -129,12 +129,7 @@ class Collector:
             for k in range(size)
         ]
         await self._drop_stale_paused(train_version=step - 1)
-        rollout = RolloutConfig(
-            max_turns=horizon,
-            sampling=sampling(self.config),
-            concurrency=self.config.concurrency,
-            format=self.config.agent_format,
-        )
+        rollout = rollout_config(self.config, horizon, sampling(self.config))
         ended = await self.generator.play(specs, rollout, self.config.partial_rollout_tokens)
         return ended, time.perf_counter() - start
 
@@ -202,6 +197,18 @@ class Collector:
             "staleness_mean": sum(lags) / len(lags) if lags else 0.0,
             "staleness_max": max(lags, default=0),
         }
+
+
+def rollout_config(config: Any, max_turns: int | None, how: SamplingParams | None = None) -> RolloutConfig:
+    """How the run plays episodes (training, demonstrations, evaluation): the same agent
+    format and observations everywhere, so what is cloned is what is evaluated."""
+    return RolloutConfig(
+        max_turns=max_turns,
+        sampling=how or SamplingParams(),
+        concurrency=config.concurrency,
+        format=config.agent_format,
+        show_actions=config.show_actions,
+    )
 
 
 def sampling(config: Any, greedy: bool = False) -> SamplingParams:

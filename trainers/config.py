@@ -107,6 +107,9 @@ class TrainConfig:
     """Tokens per agent turn at most."""
     agent_format: str = "react"
     """How the agent writes actions: react | json."""
+    show_actions: bool = True
+    """Append the env's valid commands to each observation (demonstrations, rollouts and
+    evaluation alike); envs that report none are unaffected."""
 
     # ----- off-policy and asynchronous training ------------------------------------------
     mode: str = "sync"
@@ -207,10 +210,18 @@ class TrainConfig:
     """Critique-RL: weight of the k3 KL to the Stage-I critic in Stage II (0 disables it)."""
 
     # ----- bookkeeping -----------------------------------------------------------------
-    eval_every: int = 2
-    """Evaluate on held-out test tasks every N RL steps (0: only at the end)."""
-    eval_tasks: int = 8
-    """Test tasks per evaluation."""
+    eval_every: int = 0
+    """Evaluate on held-out test tasks every N RL steps too (0: only after behaviour cloning
+    and at the end, the before/after comparison)."""
+    eval_tasks: int = 32
+    """Test tasks per evaluation: the first this many of the test split, the same every time."""
+    eval_max_turns: int | None = None
+    """Turn limit of the held-out evaluations; None: the schedule's longest horizon, so runs
+    of any length and either schedule are scored alike."""
+    entropy_floor: float = 0.05
+    """Warn when an RL update's mean token entropy (nats) falls below this (collapse)."""
+    invalid_rise: float = 0.2
+    """Warn when the share of invalid actions rises more than this above the first RL step's."""
     checkpoint_every: int = 1
     """Save a checkpoint every N steps (the last step always saves)."""
     keep_checkpoints: int = 3
@@ -249,10 +260,18 @@ class TrainConfig:
         return PRESETS[self.algo]
 
     @property
+    def longest_horizon(self) -> int:
+        """The schedule's longest turn limit (ScalingInter-RL's last round, or ``max_turns``)."""
+        return max(self.rounds) if self.schedule == "scaling-inter" else self.max_turns
+
+    @property
+    def eval_horizon(self) -> int:
+        return self.eval_max_turns or self.longest_horizon
+
+    @property
     def norm_tokens(self) -> int:
         """Dr. GRPO's constant per-episode token budget (``seq-sum-norm``)."""
-        horizon = max(self.rounds) if self.schedule == "scaling-inter" else self.max_turns
-        return self.loss_norm_tokens or self.max_new_tokens * horizon
+        return self.loss_norm_tokens or self.max_new_tokens * self.longest_horizon
 
     def _coerce_numbers(self) -> None:
         """YAML 1.1 reads ``1e-3`` as a string: numeric fields take numeric strings, and

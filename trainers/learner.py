@@ -68,16 +68,18 @@ class Learner:
         with torch.no_grad(), swapped_weights(self.trainable, self.reference):
             return self.logprobs(micro)[0]
 
-    def prepass(self, minibatch: TokenBatch) -> Prepass:
+    def prepass(self, minibatch: TokenBatch, on_policy: bool = False) -> Prepass:
         """This rank's micro-batches of ``minibatch`` under the current weights, no gradient,
         one micro-batch at a time (a whole minibatch in one forward runs out of memory at
-        real sizes); agent tokens only, flattened to ``[1, N]``."""
+        real sizes); agent tokens only, flattened to ``[1, N]``. ``on_policy``: the current
+        weights sampled every token, so their log-probs are the behaviour ones (the ratio is
+        1 to float noise) and the forward is skipped."""
         parts: list[tuple[Tensor, ...]] = []
         with torch.no_grad():
             for index in self.dp.shard(self.micro_batches(minibatch)):
                 micro = minibatch.select(index).trimmed().to(self.device)
                 agent = micro.loss_mask.bool()
-                logp = self.logprobs(micro)[0]
+                logp = micro.old_logp if on_policy else self.logprobs(micro)[0]
                 parts.append((logp[agent], micro.old_logp[agent], micro.advantages[agent]))
         logp, old, advantages = (
             torch.cat([p[i] for p in parts])[None] if parts else torch.zeros(1, 0, device=self.device)

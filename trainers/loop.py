@@ -23,10 +23,13 @@ from typing import Any
 
 import psutil
 import torch
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from agentgym.client import EnvClient
 from agentgym.policies.hf import HFPolicy
+from agentgym.trainers import heldout
 from agentgym.trainers.batch import TokenBatch
 from agentgym.trainers.checkpoint import MetricsLog, RunDir
 from agentgym.trainers.collector import Collector
@@ -34,6 +37,7 @@ from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.critique_rl import CritiqueRL
 from agentgym.trainers.distributed import DataParallel
 from agentgym.trainers.generators import start_generator
+from agentgym.trainers.guards import CollapseGuard
 from agentgym.trainers.learner import Learner
 from agentgym.trainers.recipes import AgentEvol, ClippedRL, behaviour_cloning
 from agentgym.trainers.schedules import FixedHorizon, ScalingInterHorizon
@@ -71,6 +75,7 @@ class Trainer:
         self.collector: Collector | None = None
         self.recipe: Any = None
         self.metrics: MetricsLog | None = None
+        self.guard = CollapseGuard(config.entropy_floor, config.invalid_rise)
         self.version = 0
         """The policy version: training steps done. Tokens sampled from here on record it."""
 
@@ -114,11 +119,16 @@ class Trainer:
                 if self.dp.main:  # the other ranks go on to the next step and wait for rank 0 there
                     self._finish_step(step, record)
                 progress.update(bar, advance=1, description=_describe(record))
+        if self.dp.main:
+            self._report_before_after()
 
     def _finish_step(self, step: int, record: dict[str, Any]) -> None:
         """Rank 0: evaluate when due, log the step, checkpoint when due."""
         if self._eval_due(step):
             record.update(self.recipe.evaluate())
+        warnings = self.guard.check(record)
+        if warnings:
+            record["warnings"] = warnings
         self.metrics.log(record)
         if step % self.config.checkpoint_every == 0 or step == self.total_steps:
             files = {REPLAY_FILE: self.collector.replay.dumps()} if self.config.replay_ratio > 0 else {}
@@ -133,8 +143,24 @@ class Trainer:
             )
 
     def _eval_due(self, step: int) -> bool:
+        """At the end of behaviour cloning (the "before" of RL), every ``eval_every`` RL
+        steps, and at the last step."""
         every, t = self.config.eval_every, step - self.config.bc_steps
-        return step == self.total_steps or (every > 0 and t > 0 and t % every == 0)
+        return step in (self.config.bc_steps, self.total_steps) or (every > 0 and t > 0 and t % every == 0)
+
+    def _report_before_after(self) -> None:
+        """Print and save held-out success after behaviour cloning and after RL (rank 0)."""
+        before, after = heldout.outcomes_by_phase(self.metrics.read())
+        if not before or not after:
+            return  # no warm start or no RL step: nothing to compare
+        result = heldout.compare([(before, after)])
+        heldout.save(self.run_dir.path, result, sorted(before))
+        table = Table(title=f"held-out success on {result.gain.n} test tasks (greedy), % [95% interval]")
+        table.add_column("")
+        table.add_column("%", justify="right")
+        for label, value in heldout.rows(result):
+            table.add_row(label, value)
+        Console().print(table)
 
     # ----- what recipes use ------------------------------------------------------------
 

@@ -12,6 +12,7 @@ PANELS = (
     ("BAPO bounds", ("clip_low", "clip_high")),
     ("positive share ρ", ("positive_share",)),
     ("entropy", ("entropy",)),
+    ("invalid actions (share of turns)", ("invalid_share", "eval_invalid_share")),
     ("loss", ("loss",)),
     ("staleness (policy versions)", ("staleness_mean", "staleness_max")),
     ("importance ratio π_θ/π_behaviour", ("ratio_p05", "ratio_p50", "ratio_p95")),

@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from agentgym.agents.tokens import sampled_versions
 from agentgym.policies.base import Generation, GenerationRequest, SamplingParams
 from agentgym.policies.chat import END_OF_TURN_TOKENS
-from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
+from agentgym.rollout import EpisodeSpec, run_episodes
 from agentgym.trainers.algorithms import (
     agentevol_weights,
     balance,
@@ -31,7 +32,7 @@ from agentgym.trainers.algorithms import (
     weighted_nll,
 )
 from agentgym.trainers.batch import TokenBatch, collate
-from agentgym.trainers.collector import sampling
+from agentgym.trainers.collector import rollout_config, sampling
 from agentgym.trainers.learner import Learner, PerTokenLoss
 from agentgym.trainers.registry import CLIP_RULES, Bounds
 from agentgym.trajectory import Trajectory, TrajectoryWriter, read_trajectories
@@ -102,24 +103,47 @@ def behaviour_cloning(trainer: Trainer, step: int) -> dict[str, Any]:
 # ----- the clipped family --------------------------------------------------------------------
 
 
-def update_policy(trainer: Trainer, batch: TokenBatch, kl_coef: float) -> dict[str, Any]:
-    """``ppo_epochs`` passes over ``batch``, one clipped-surrogate optimizer step per minibatch."""
+def update_policy(
+    trainer: Trainer, batch: TokenBatch, kl_coef: float, sampled_now: bool = False
+) -> dict[str, Any]:
+    """``ppo_epochs`` passes over ``batch``, one clipped-surrogate optimizer step per minibatch.
+    ``sampled_now``: the current weights sampled all of ``batch`` (until the first step)."""
     config = trainer.config
-    updates = []
+    updates, tokens, skipped = [], 0, 0
     for _ in range(config.ppo_epochs):
         for index in torch.randperm(len(batch)).split(config.minibatch_size):
-            updates.append(clipped_update(trainer, trainer.minibatch(batch.select(index)), kl_coef))
+            minibatch = trainer.minibatch(batch.select(index))
+            if not kl_coef and not config.entropy_coef:
+                minibatch, dropped = carrying_gradient(minibatch)
+                skipped += dropped
+            tokens += int(minibatch.attention_mask.sum())
+            updates.append(clipped_update(trainer, minibatch, kl_coef, on_policy=sampled_now and not updates))
     summary = {key: _mean(u[key] for u in updates) for key in updates[0]}
-    tokens = int(batch.attention_mask.sum()) * config.ppo_epochs
-    return {**summary, "update_tokens": tokens, "updates": updates}
+    return {**summary, "update_tokens": tokens, "skipped_episodes": skipped, "updates": updates}
 
 
-def clipped_update(trainer: Trainer, minibatch: TokenBatch, kl_coef: float) -> dict[str, float]:
+def carrying_gradient(minibatch: TokenBatch) -> tuple[TokenBatch, int]:
+    """The rows of a weighted minibatch that carry gradient, and how many were left out.
+    Without KL or entropy terms an episode whose advantage is 0 on every token adds exactly
+    nothing to the gradient (its tokens still count in the token weights, fixed before
+    this), so it is not run forward and backward: on a CPU that halves steps where whole
+    groups agree. When no row carries gradient one stays, so the optimizer steps as it
+    would have (Adam's momentum still moves the weights)."""
+    carries = (minibatch.advantages != 0).any(dim=1)
+    if not carries.any():
+        carries[minibatch.by_length()[0]] = True
+    kept = carries.nonzero().squeeze(1)
+    return minibatch.select(kept), len(minibatch) - len(kept)
+
+
+def clipped_update(
+    trainer: Trainer, minibatch: TokenBatch, kl_coef: float, on_policy: bool = False
+) -> dict[str, float]:
     """One optimizer step of ``-min(r·A, clip(r)·A) - entropy_coef·H + kl_coef·KL`` with the
     bounds of the configured clip rule; figures summed over every micro-batch and rank."""
     config, learner = trainer.config, trainer.learner
-    bounds = CLIP_RULES[config.clip_rule](config, lambda: learner.prepass(minibatch))
-    sums = torch.zeros(7, device=learner.device)  # Σw·H, P, N, held low, held high, tokens, Σ(old-new)
+    bounds = CLIP_RULES[config.clip_rule](config, lambda: learner.prepass(minibatch, on_policy))
+    sums = torch.zeros(8, device=learner.device)  # Σw·H, P, N, held low, held high, tokens, Σ(old-new), Σw
     ratios: list[torch.Tensor] = []
 
     def per_token_loss(micro: TokenBatch) -> torch.Tensor:
@@ -142,7 +166,10 @@ def clipped_update(trainer: Trainer, minibatch: TokenBatch, kl_coef: float) -> d
         return loss
 
     loss = learner.optimize(minibatch, per_token_loss)
-    entropy, positive, negative, held_low, held_high, tokens, logp_drop = trainer.dp.sum(sums).tolist()
+    weighted_entropy, positive, negative, held_low, held_high, tokens, logp_drop, weight = trainer.dp.sum(
+        sums
+    ).tolist()
+    entropy = weighted_entropy / weight if weight else 0.0
     rho = (
         bounds.rho
         if bounds.rho is not None
@@ -167,7 +194,7 @@ def update_sums(
     micro: TokenBatch, ratio: torch.Tensor, logp: torch.Tensor, entropy: torch.Tensor, bounds: Bounds
 ) -> torch.Tensor:
     """A micro-batch's share of an update's figures, as sums that add up over micro-batches
-    and ranks: ``[Σw·H, P, N, held at c_low, held at c_high, agent tokens, Σ(logp_old - logp)]``."""
+    and ranks: ``[Σw·H, P, N, held at c_low, held at c_high, agent tokens, Σ(logp_old - logp), Σw]``."""
     mask = micro.loss_mask
     return torch.cat(
         [
@@ -175,6 +202,7 @@ def update_sums(
             balance(ratio, micro.advantages, mask, bounds.low, bounds.high),
             clip_fractions(ratio, micro.advantages, mask, bounds.low, bounds.high),
             ((micro.old_logp - logp) * mask).sum()[None],
+            micro.token_weight.sum()[None],
         ]
     )
 
@@ -208,7 +236,8 @@ class ClippedRL:
                 [token_record(s.trajectory) for s in samples], [s.advantage for s in samples], trainer.pad_id
             )
             # Async: the update runs in a thread while the event loop plays the next step's episodes.
-            record |= trainer.in_background(update_policy, trainer, batch, config.kl_coef)
+            sampled_now = all(sampled_by(s.trajectory, trainer.version) for s in samples)
+            record |= trainer.in_background(update_policy, trainer, batch, config.kl_coef, sampled_now)
         else:
             record |= {"updates": [], "skipped": "no episode to train on this step"}
         return record | {"update_s": _since(start)}
@@ -223,7 +252,7 @@ class ClippedRL:
             path = trainer.run_dir.path / "expert.jsonl"
             if trainer.dp.main and (not path.exists() or not read_trajectories(path)):
                 specs = [EpisodeSpec(t, split="train") for t in trainer.train_tasks[: config.bc_episodes]]
-                rollout = RolloutConfig(concurrency=config.concurrency, format=config.agent_format)
+                rollout = rollout_config(config, max_turns=None)
                 episodes = trainer.complete(
                     run_episodes(trainer.url, TokenizedExpert(trainer.tokenizer), specs, rollout)
                 )
@@ -238,21 +267,24 @@ class ClippedRL:
         return self.expert
 
     def evaluate(self) -> dict[str, Any]:
-        """Greedy success rate on the first ``eval_tasks`` test tasks at the final horizon."""
+        """Greedy success on the first ``eval_tasks`` test tasks at ``eval_horizon``: the
+        rate, and each task's outcome (for the before/after comparison, ``heldout.py``)."""
         trainer, config = self.trainer, self.trainer.config
         specs = [EpisodeSpec(t, split="test") for t in trainer.test_tasks[: config.eval_tasks]]
-        rollout = RolloutConfig(
-            max_turns=trainer.horizon(trainer.total_steps),
-            sampling=sampling(config, greedy=True),
-            concurrency=config.concurrency,
-            format=config.agent_format,
-        )
+        rollout = rollout_config(config, config.eval_horizon, sampling(config, greedy=True))
         if config.mode == "async":  # the generator is busy with the next step, a version behind
             episodes = trainer.complete(run_episodes(trainer.url, trainer.learner.policy, specs, rollout))
         else:
             trainer.collector.publish()
             episodes = trainer.complete(trainer.collector.generator.evaluate(specs, rollout))
-        return {"eval_success_rate": _mean(float(e.success) for e in episodes)}
+        outcomes = {e.task_id: float(e.success) for e in episodes}
+        stats = rollout_stats(episodes)
+        return {
+            "eval_success_rate": _mean(outcomes.values()),
+            "eval_invalid_share": stats["invalid_share"],
+            "eval_context_full": stats["context_full"],
+            "eval_outcomes": outcomes,
+        }
 
 
 class AgentEvol(ClippedRL):
@@ -289,6 +321,13 @@ class AgentEvol(ClippedRL):
 # ----- figures ---------------------------------------------------------------------------------
 
 
+def sampled_by(trajectory: Trajectory, version: int) -> bool:
+    """Whether the weights of ``version`` sampled every agent token of ``trajectory`` (False
+    when the generator does not report versions)."""
+    versions = sampled_versions(trajectory.versions, trajectory.loss_mask)
+    return bool(versions) and all(v == version for v in versions)
+
+
 def rollout_stats(episodes: list[Trajectory]) -> dict[str, Any]:
     finished = [e for e in episodes if not e.errored]
     return {
@@ -297,6 +336,8 @@ def rollout_stats(episodes: list[Trajectory]) -> dict[str, Any]:
         "success_rate": _mean(float(e.success) for e in finished),
         "reward_mean": _mean(e.score for e in finished),
         "turns_mean": _mean(e.turns for e in finished),
+        "invalid_share": _share(sum(e.invalid_turns for e in finished), sum(e.turns for e in finished)),
+        "context_full": sum(e.end_reason == "context_full" for e in finished),
         "generated_tokens": sum(e.generated_tokens or 0 for e in finished),
         # Summed over concurrent episodes: their ratio splits the rollout's wall time.
         "generation_s_sum": round(sum(e.timings.get("generation", 0.0) for e in finished), 2),
@@ -315,6 +356,10 @@ def _ratio_figures(ratios: list[torch.Tensor]) -> dict[str, float]:
         "ratio_p95": round(float(quantiles[2]), 4),
         "ratio_max": round(float(values.max()), 4),
     }
+
+
+def _share(part: float, whole: float) -> float:
+    return round(part / whole, 4) if whole else 0.0
 
 
 def _mean(values: Any) -> float:

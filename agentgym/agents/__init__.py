@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from agentgym.agents.base import AgentFormat, ParsedReply
 from agentgym.agents.formats import JsonCallFormat, PlainFormat, ReActFormat
-from agentgym.agents.history import window
+from agentgym.agents.history import window, with_actions
 
 FORMATS: dict[str, type[AgentFormat]] = {cls.name: cls for cls in (ReActFormat, JsonCallFormat, PlainFormat)}
 DEFAULT_FORMAT = "react"
@@ -31,4 +31,5 @@ __all__ = [
     "ReActFormat",
     "get_format",
     "window",
+    "with_actions",
 ]

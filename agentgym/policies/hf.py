@@ -54,13 +54,15 @@ class HFPolicy:
             path, dtype=_dtype(dtype, self.device), device_map=str(self.device)
         ).eval()
         self.stop_ids = stop_token_ids(self.tokenizer, self.model.generation_config)
+        self.context_window: int | None = getattr(self.model.config, "max_position_embeddings", None)
+        """Tokens the model attends to at most; rollouts end an episode before passing it."""
         self._batcher = ContinuousBatcher(
             self.model,
             self.tokenizer,
             self.stop_ids,
             max_batch_size=max_batch_size,
             batch_wait_s=batch_wait_ms / 1000,
-            max_positions=getattr(self.model.config, "max_position_embeddings", None),
+            max_positions=self.context_window,
         )
 
     @property

@@ -125,7 +125,7 @@ class TextWorldEnv(TaskListsMixin, TextEnv):
         difficulty: str = "easy",
         settings: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
         n_train: int = 32,
-        n_test: int = 16,
+        n_test: int = 32,
         cache_dir: str | os.PathLike[str] | None = None,
         max_turns: int | None = None,
         workers: int = 1,

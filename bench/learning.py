@@ -1,0 +1,221 @@
+"""Which algorithm makes the agent better: several training configurations ("arms") at the
+same budget, on the same tasks and seeds, and a table of what each reached.
+
+    python bench/learning.py                        # textworld, every arm, seeds 0 1 2
+    python bench/learning.py --env search --arms bapo+scaling-inter,grpo+fixed,bc-continued
+    python bench/learning.py --seeds 0 --arms bapo+scaling-inter --set steps=6
+
+Every run is ``agentgym train`` in its own process (one at a time: two torch jobs on two
+cores slow both) into ``--out/<env>/<arm>/seed-<s>``. A finished run (its ``heldout.json``
+or last metrics record is there) is skipped on a re-run and an interrupted one resumes
+from its checkpoint, so the bench can run across several sittings; the table is printed
+from whatever has finished.
+
+Arms share every setting (the embedded default run, plus ``--set``) and differ only as
+named: the algorithm, fixed horizon (``max_turns`` = the schedule's last round) or
+ScalingInter-RL, and ``bc-continued``: no RL, behaviour cloning continued for as long as
+the same seed's first RL arm spent in RL (its wall time over a BC step's), so the table
+shows whether RL beats more imitation. Every arm is evaluated on the same frozen test
+tasks, greedily, at the same horizon.
+
+The table: held-out success at the end (pooled over task x seed, 95% interval, and each
+seed's), the gain over ``bc-continued`` paired over task x seed (an interval holding 0
+means the difference is inside the noise), train success at the last RL step, the token
+entropy of the last update, and mean wall time per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from agentgym.trainers import heldout
+from agentgym.trainers.config import TrainConfig
+
+BC_ARM = "bc-continued"
+ARMS: dict[str, dict[str, Any]] = {
+    "bapo+scaling-inter": {"algo": "bapo", "schedule": "scaling-inter"},
+    "bapo+fixed": {"algo": "bapo", "schedule": "fixed"},
+    "grpo+scaling-inter": {"algo": "grpo", "schedule": "scaling-inter"},
+    "grpo+fixed": {"algo": "grpo", "schedule": "fixed"},
+    "gigpo+scaling-inter": {"algo": "gigpo", "schedule": "scaling-inter"},
+    BC_ARM: {},
+}
+"""Arm name -> TrainConfig overrides. The first arm is the reference ``bc-continued`` is timed by."""
+DEFAULT_ARMS = {"textworld": list(ARMS), "search": ["bapo+scaling-inter", "grpo+fixed", BC_ARM]}
+
+console = Console()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--env", default="textworld")
+    parser.add_argument("--arms", help=f"comma-separated, from: {', '.join(ARMS)}")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--out", type=Path, default=Path("runs/bench-learning"))
+    parser.add_argument(
+        "--set", dest="settings", action="append", default=[], help="TrainConfig KEY=VALUE for every arm"
+    )
+    parser.add_argument(
+        "--report-only", action="store_true", help="print the table from finished runs; train nothing"
+    )
+    args = parser.parse_args()
+    arms = args.arms.split(",") if args.arms else DEFAULT_ARMS.get(args.env, list(ARMS))
+    unknown = [arm for arm in arms if arm not in ARMS]
+    if unknown:
+        parser.error(f"unknown arms {unknown}; arms: {', '.join(ARMS)}")
+    shared = {
+        "env": args.env,
+        **{k: yaml.safe_load(v) for k, _, v in (s.partition("=") for s in args.settings)},
+    }
+    base = TrainConfig().with_overrides(shared)  # fails here, before any run, on a bad --set
+    if not args.report_only:
+        # bc-continued is timed by an RL arm of the same seed: RL arms first.
+        for arm in sorted(arms, key=lambda a: a == BC_ARM):
+            for seed in args.seeds:
+                train(args.out / args.env, arm, seed, base, shared, arms)
+    report(args.out / args.env, arms, args.seeds)
+
+
+def run_dir(root: Path, arm: str, seed: int) -> Path:
+    return root / arm / f"seed-{seed}"
+
+
+def finished(folder: Path) -> bool:
+    records = _records(folder)
+    return bool(records) and records[-1]["step"] == _total_steps(folder)
+
+
+def train(
+    root: Path, arm: str, seed: int, base: TrainConfig, shared: dict[str, Any], arms: list[str]
+) -> None:
+    folder = run_dir(root, arm, seed)
+    if finished(folder):
+        console.print(f"[dim]{arm} seed {seed}: done earlier, skipped[/dim]")
+        return
+    overrides = {**shared, **arm_overrides(arm, seed, base, root, arms), "seed": seed}
+    command = [sys.executable, "-m", "agentgym.cli", "train", "--out", str(folder)]
+    if (folder / "metrics.jsonl").exists():
+        command.append("--resume")  # the interrupted run continues; its config is the saved one
+    else:
+        command += [arg for key, value in overrides.items() for arg in ("--set", f"{key}={_yaml(value)}")]
+    console.print(f"[bold]{arm} seed {seed}[/bold]: {' '.join(command)}")
+    subprocess.run(command, check=True)
+
+
+def arm_overrides(arm: str, seed: int, base: TrainConfig, root: Path, arms: list[str]) -> dict[str, Any]:
+    """The arm's TrainConfig overrides. Fixed horizon: the schedule's last round, so both
+    schedules end at the same horizon."""
+    if arm == BC_ARM:
+        return {"bc_steps": base.bc_steps + extra_bc_steps(root, arms, seed), "steps": 0}
+    overrides = dict(ARMS[arm])
+    if overrides.get("schedule") == "fixed":
+        overrides["max_turns"] = max(base.rounds)
+    return overrides
+
+
+def extra_bc_steps(root: Path, arms: list[str], seed: int) -> int:
+    """BC steps that take as long as the reference RL arm's RL phase took (same seed)."""
+    reference = next((a for a in arms if a != BC_ARM), None)
+    records = _records(run_dir(root, reference, seed)) if reference else []
+    bc = [r["step_s"] for r in records if r["phase"] == "bc"]
+    rl = [r["step_s"] for r in records if r["phase"] != "bc"]
+    if not bc or not rl:
+        raise SystemExit(
+            f"{BC_ARM} is timed by a finished {reference} run of seed {seed}: run that arm first"
+        )
+    return max(1, round(sum(rl) / (sum(bc) / len(bc))))
+
+
+def report(root: Path, arms: list[str], seeds: list[int]) -> None:
+    table = Table(title=f"held-out success on {root.name} (greedy, frozen test tasks), % [95% interval]")
+    for column in (
+        "arm",
+        "seeds",
+        "held-out at end",
+        "per seed",
+        f"vs {BC_ARM} (paired)",
+        "train success",
+        "entropy",
+        "wall/run",
+    ):
+        table.add_column(column)
+    reference = {s: _final_outcomes(run_dir(root, BC_ARM, s)) for s in seeds}
+    for arm in arms:
+        done = [s for s in seeds if finished(run_dir(root, arm, s))]
+        if not done:
+            table.add_row(arm, "0", "not run yet", "", "", "", "", "")
+            continue
+        table.add_row(arm, str(len(done)), *arm_figures(root, arm, done, reference))
+    console.print(table)
+
+
+def arm_figures(root: Path, arm: str, seeds: list[int], reference: dict[int, dict[str, float]]) -> list[str]:
+    outcomes = {s: _final_outcomes(run_dir(root, arm, s)) for s in seeds}
+    pooled = heldout.mean_interval([v for s in seeds for v in outcomes[s].values()])
+    per_seed = ", ".join(f"{100 * sum(o.values()) / len(o):.0f}" for o in outcomes.values())
+    pairs = [(reference[s], outcomes[s]) for s in seeds if reference.get(s)]
+    versus = heldout.compare(pairs).gain.points() if pairs and arm != BC_ARM else ""
+    last_rl = [
+        next((r for r in reversed(_records(run_dir(root, arm, s))) if r["phase"] == "rl"), {}) for s in seeds
+    ]
+    train = _mean_of(r.get("success_rate") for r in last_rl)
+    entropy = _mean_of(r.get("entropy") for r in last_rl)
+    wall = _mean_of(sum(r["step_s"] for r in _records(run_dir(root, arm, s))) for s in seeds)
+    return [
+        pooled.points(),
+        per_seed,
+        versus,
+        "" if train is None else f"{100 * train:.0f}",
+        "" if entropy is None else f"{entropy:.3f}",
+        "" if wall is None else f"{wall / 60:.1f} min",
+    ]
+
+
+def _final_outcomes(folder: Path) -> dict[str, float]:
+    """Each test task's outcome at the run's last evaluation (empty: not finished)."""
+    if not finished(folder):
+        return {}
+    return next((r["eval_outcomes"] for r in reversed(_records(folder)) if r.get("eval_outcomes")), {})
+
+
+def _records(folder: Path) -> list[dict[str, Any]]:
+    path = folder / "metrics.jsonl"
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line torn by an interrupted run
+    return records
+
+
+def _total_steps(folder: Path) -> int | None:
+    config = folder / "config.yaml"
+    if not config.exists():
+        return None
+    values = yaml.safe_load(config.read_text())
+    return values["bc_steps"] + values["steps"]
+
+
+def _mean_of(values: Any) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _yaml(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""What the learning work added, through public surfaces: valid commands shown to the
+policy, episodes that end before overflowing the context, invalid actions counted, the
+before/after comparison with its paired interval, and the collapse guard."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+
+import pytest
+from conftest import run_metrics
+from typer.testing import CliRunner
+
+from agentgym.cli import app
+from agentgym.client import EnvClient
+from agentgym.policies.base import Generation, GenerationRequest, SamplingParams
+from agentgym.policies.expert import ExpertPolicy
+from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
+from agentgym.trainers import heldout
+from agentgym.trainers.guards import CollapseGuard
+from agentgym.trainers.recipes import TokenizedExpert
+
+COIN = "tw-coin_collector/level1/s0"
+"""One turn for the expert: ``take coin``."""
+HOUSE = "tw-simple/dense-detailed/s2"
+"""Twelve turns for the expert, with long observations."""
+
+
+def play(url: str, policy: object, task: str, **config: object):
+    (trajectory,) = asyncio.run(run_episodes(url, policy, [EpisodeSpec(task)], RolloutConfig(**config)))
+    return trajectory
+
+
+def test_the_policy_sees_the_valid_commands_on_every_observation_but_the_last(textworld_url: str) -> None:
+    with EnvClient(textworld_url) as client:
+        created = client.create(HOUSE)
+        valid = created.info["available_actions"]
+        client.delete(created.session_id)
+    shown = play(textworld_url, ExpertPolicy(), HOUSE, show_actions=True, max_turns=3)
+    observations = [m["content"] for m in shown.messages if m["role"] == "user"]
+    assert observations[0].endswith("Valid commands: " + " | ".join(valid))
+    assert len(observations) == 4 and all("\n\nValid commands: " in o for o in observations[:-1])
+    assert "Valid commands" not in observations[-1]  # the env truncated the episode there
+
+    finished = play(textworld_url, ExpertPolicy(), COIN, show_actions=True)
+    assert finished.success and "Valid commands" not in finished.messages[-1]["content"]
+    assert "take coin" in finished.messages[1]["content"].split("Valid commands:")[1]
+
+    plain = play(textworld_url, ExpertPolicy(), HOUSE, max_turns=3)
+    assert not any("Valid commands" in m["content"] for m in plain.messages)
+
+
+def test_an_episode_ends_with_context_full_before_a_reply_could_overflow(textworld_url: str) -> None:
+    from transformers import AutoTokenizer
+
+    from agentgym.policies.models import resolve_model
+
+    expert = TokenizedExpert(AutoTokenizer.from_pretrained(resolve_model("smollm2-135m")))
+    limit, new_tokens = 700, 16
+    trajectory = play(
+        textworld_url,
+        expert,
+        HOUSE,
+        max_context_tokens=limit,
+        sampling=SamplingParams(max_new_tokens=new_tokens),
+    )
+    assert trajectory.end_reason == "context_full" and not trajectory.errored
+    assert 0 < trajectory.turns < 12
+    assert len(trajectory.token_ids) + new_tokens > limit  # the next reply would not have fit
+    last_reply = max(i for i, m in enumerate(trajectory.loss_mask) if m and not trajectory.loss_mask[i - 1])
+    assert last_reply + new_tokens <= limit  # every reply was asked for with room to finish
+
+
+class Scripted:
+    """A text policy that replies with the given texts in turn."""
+
+    name, tokenizer = "scripted", None
+
+    def __init__(self, replies: list[str]) -> None:
+        self.replies = iter(replies)
+
+    async def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Generation]:
+        return [Generation(text=next(self.replies)) for _ in requests]
+
+    async def close(self) -> None:
+        return None
+
+
+def test_invalid_turns_count_unparseable_replies_and_unlisted_commands(textworld_url: str) -> None:
+    replies = ["I would like to look around", "Action: dance wildly", "Action: look", "Action: take coin"]
+    trajectory = play(textworld_url, Scripted(replies), COIN)
+    assert trajectory.success and trajectory.turns == 4
+    assert trajectory.invalid_turns == 2  # no Action line; "dance wildly" is not a valid command
+
+
+def test_before_after_pairs_outcomes_per_task_with_a_hand_computed_interval() -> None:
+    before = {"a": 0.0, "b": 1.0, "c": 0.0, "d": 0.0, "only-before": 1.0}
+    after = {"a": 1.0, "b": 1.0, "c": 1.0, "d": 0.0}
+    result = heldout.compare([(before, after)])
+    assert (result.after_bc.mean, result.after_rl.mean, result.gain.mean) == (0.25, 0.75, 0.5)
+    half = 1.959964 * math.sqrt(1 / 3) / 2  # differences 1, 0, 1, 0: sd sqrt(1/3), n = 4
+    assert result.gain.low == pytest.approx(0.5 - half, abs=1e-5)
+    assert result.gain.high == pytest.approx(0.5 + half, abs=1e-5)
+    pooled = heldout.compare([(before, after), ({"a": 1.0}, {"a": 0.0})])  # a second seed
+    assert pooled.gain.n == 5 and pooled.gain.mean == pytest.approx(0.2)
+
+
+def test_the_guard_warns_on_entropy_collapse_and_climbing_invalid_actions() -> None:
+    guard = CollapseGuard(entropy_floor=0.05, invalid_rise=0.2)
+    assert guard.check({"phase": "bc", "loss": 0.1}) == []
+    assert guard.check({"phase": "rl", "step": 1, "entropy": 0.8, "invalid_share": 0.1}) == []
+    assert guard.check({"phase": "rl", "step": 2, "entropy": 0.6, "invalid_share": 0.25}) == []
+    (collapse, climbing) = guard.check({"phase": "rl", "step": 3, "entropy": 0.01, "invalid_share": 0.4})
+    assert "entropy collapse" in collapse and "invalid actions climbing" in climbing
+
+
+def test_a_run_evaluates_after_behaviour_cloning_and_at_the_end(
+    tiny_model_dir: Path, choice_url: str, tmp_path: Path
+) -> None:
+    settings = {
+        "env": "choice",
+        "env_url": choice_url,
+        "bc_steps": 2,
+        "bc_episodes": 4,
+        "steps": 1,
+        "tasks_per_step": 2,
+        "group_size": 2,
+        "max_new_tokens": 4,
+        "agent_format": "plain",
+        "eval_tasks": 4,
+        "entropy_floor": 100.0,  # any entropy is "collapsed": the warning must reach the record
+    }
+    args = [
+        "train",
+        "--algo",
+        "grpo",
+        "--schedule",
+        "fixed",
+        "--model",
+        str(tiny_model_dir),
+        "--out",
+        str(tmp_path),
+    ]
+    result = CliRunner().invoke(app, args + [f"--set={k}={v}" for k, v in settings.items()])
+    assert result.exit_code == 0, result.output
+    history = run_metrics(tmp_path)
+    evaluated = [(r["step"], r["phase"], len(r["eval_outcomes"])) for r in history if "eval_outcomes" in r]
+    assert evaluated == [(2, "bc", 4), (3, "rl", 4)]
+    assert "entropy collapse" in history[-1]["warnings"][0]
+    assert "invalid_share" in history[-1] and "eval_invalid_share" in history[-1]
+    saved = (tmp_path / heldout.BEFORE_AFTER_FILE).read_text()
+    assert '"gain"' in saved and "held-out success after behaviour cloning" in result.output
