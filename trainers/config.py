@@ -107,6 +107,9 @@ class TrainConfig:
     """Tokens per agent turn at most."""
     agent_format: str = "react"
     """How the agent writes actions: react | json."""
+    max_context_tokens: int | None = None
+    """An episode whose context plus ``max_new_tokens`` would pass this ends before the turn
+    (``end_reason: context_full``); None: the model's window."""
     show_actions: bool = True
     """Append the env's valid commands to each observation (demonstrations, rollouts and
     evaluation alike); envs that report none are unaffected."""
