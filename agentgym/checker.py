@@ -524,11 +524,12 @@ def check_compat_observation(run: _Run) -> str:
 @check("compat: available_actions", needs=("compat: reset",))
 def check_compat_actions(run: _Run) -> str:
     body = _json(run.http.get("/available_actions", params=_compat_body(run.compat_id)))
+    actions = body.get("clickables") if isinstance(body, dict) else body  # WebShop's dialect
     require(
-        isinstance(body, list) and all(isinstance(a, str) for a in body),
-        f"/available_actions: expected a list of strings, got {body!r:.100}",
+        isinstance(actions, list) and all(isinstance(a, str) for a in actions),
+        f"/available_actions: expected a list of strings (or WebShop's clickables), got {body!r:.100}",
     )
-    return f"{len(body)} actions"
+    return f"{len(actions)} actions"
 
 
 @check("compat: step", needs=("compat: reset",))

@@ -1,35 +1,145 @@
-"""AgentGym-compatible routes, so existing AgentGym clients work unchanged.
+"""AgentGym-compatible routes, so AgentGym's own clients work unchanged.
 
-AgentGym's servers differ per environment; an env picks its dialect with the class
-attribute ``compat_dialect``:
+AgentGym runs one server per environment and they differ; an env picks the dialect of
+AgentGym's server for it with the class attribute ``compat_dialect`` (``DIALECTS``;
+the map of what each answers is in ``docs/environments.md``). Rules of every dialect:
 
-* ``sciworld``: ``/create`` answers ``{"id": N}``; requests carry ``id``.
-* ``webshop``: ``/create`` answers a bare integer; requests carry ``env_idx``.
-* ``generic`` (envs AgentGym never had): ``/create`` answers ``{"id": N}``; requests may
-  carry ``id`` or ``env_idx``.
-
-Every dialect accepts both id fields, so a client of one never trips on the other.
-``/reset``'s ``data_idx`` indexes all tasks, split after split in ``/metadata`` order,
-unless the env maps it itself with ``compat_task_id(data_idx) -> task_id`` (to match the
-numbering of AgentGym's server). An env may also add or override response fields of
-``/reset`` and ``/step`` with ``compat_fields(route) -> dict`` (e.g. AgentGym's score scale).
+* A request names its session by ``env_idx`` or ``id``. When it carries both,
+  ``env_idx`` names the session: AgentGym's SearchQA client sends its task index as
+  ``id`` beside it. (The gateway reads the same field.)
+* ``/reset``'s task index is read from the field AgentGym's server reads for that env
+  (``Dialect.task_field``) and numbered as it numbers tasks: the env's own
+  ``compat_task_id(index) -> task_id`` when it has one, else ``Dialect.task_order``.
+* ``data_idx`` is also our own extension (webshop, search, envs AgentGym never had): it
+  numbers all tasks split after split in ``/metadata`` order, and its ``/reset`` answers
+  our reset object. A webshop or search ``/reset`` with ``env_idx`` and no ``data_idx``
+  is AgentGym's request and gets AgentGym's answer (``Dialect.native_reset``).
+* An env may add or override fields of the ``/reset`` and ``/step`` objects with
+  ``compat_fields(route) -> dict`` (e.g. SciWorld's 0-100 score).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Self
 
 from fastapi import APIRouter, Query
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
 
 from agentgym.core import Task, TextEnv
 from agentgym.errors import SchemaError, UnknownTask
 from agentgym.servers.sessions import Session, SessionManager
 
 
+def _wrapped_id(compat_id: int) -> dict[str, int]:
+    return {"id": compat_id}
+
+
+def _bare_id(compat_id: int) -> int:
+    return compat_id
+
+
+def _closed_object(compat_id: int) -> dict[str, Any]:
+    return {"closed": True, "id": compat_id}
+
+
+def _closed_true(compat_id: int) -> bool:
+    return True
+
+
+def _no_step_fields(observation: str) -> dict[str, Any]:
+    return {}
+
+
+def _webshop_step_fields(observation: str) -> dict[str, Any]:
+    return {"state": observation}  # AgentGym's WebShop server names the observation "state"
+
+
+def _webshop_reset(observation: str) -> list[Any]:
+    return [observation, None]  # its response_model is Tuple[str, None]
+
+
+def _searchqa_reset(observation: str) -> str:
+    return observation
+
+
+def _action_list(actions: list[str]) -> list[str]:
+    return actions
+
+
+def _webshop_clickables(actions: list[str]) -> dict[str, Any]:
+    """WebShop's ``get_available_actions()`` from our action strings (``search[<query>]``
+    while the search bar shows, then ``click[element]`` per clickable, in page order)."""
+    return {
+        "has_search_bar": any(a.startswith("search[") for a in actions),
+        "clickables": [a[len("click[") : -1] for a in actions if a.startswith("click[")],
+    }
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What AgentGym's server of one env answers, route by route."""
+
+    create: Callable[[int], Any]
+    """``/create``'s answer for a new session's integer id."""
+    task_field: str = "data_idx"
+    """The ``/reset`` field that carries AgentGym's task index."""
+    task_order: tuple[str, ...] = ()
+    """AgentGym's numbering of that index, unless the env has ``compat_task_id``: these
+    splits one after the other (empty: all splits in ``/metadata`` order)."""
+    native_reset: Callable[[str], Any] | None = None
+    """AgentGym's ``/reset`` answer from the new observation, for requests in AgentGym's
+    form (``env_idx``, no ``data_idx``); ``None``: our reset object for every request."""
+    step_fields: Callable[[str], dict[str, Any]] = _no_step_fields
+    """Fields AgentGym's ``/step`` answers beyond ours, from the observation."""
+    available_actions: Callable[[list[str]], Any] = _action_list
+    close: Callable[[int], Any] = _closed_object
+    create_loads_task: bool = False
+    """``/create {"id": k}`` loads task ``k`` (AgentGym's SearchQA server does)."""
+
+
+DIALECTS: dict[str, Dialect] = {
+    # Envs AgentGym never had (textworld, math, choice): as before, either id field.
+    "generic": Dialect(create=_wrapped_id),
+    # agentenv-sciworld: {"id": N}; data_idx numbered by the env (its 23 task types).
+    "sciworld": Dialect(create=_wrapped_id, close=_closed_true),
+    # agentenv-webshop: a bare N; session_id is the goal index (WebShop: test goals first).
+    "webshop": Dialect(
+        create=_bare_id,
+        task_field="session_id",
+        task_order=("test", "train"),
+        native_reset=_webshop_reset,
+        step_fields=_webshop_step_fields,
+        available_actions=_webshop_clickables,
+    ),
+    # agentenv-searchqa: a bare N; /create and /reset carry the item index as id (test first).
+    "search": Dialect(
+        create=_bare_id,
+        task_field="id",
+        task_order=("test", "train"),
+        native_reset=_searchqa_reset,
+        close=_closed_true,
+        create_loads_task=True,
+    ),
+}
+
+
 class _CompatBody(BaseModel):
     model_config = ConfigDict(extra="ignore")  # AgentGym clients send extra keys freely
-    id: int = Field(validation_alias=AliasChoices("id", "env_idx"))
+    id: int | None = None
+    env_idx: int | None = None
+
+    @model_validator(mode="after")
+    def _names_a_session(self) -> Self:
+        if self.id is None and self.env_idx is None:
+            raise ValueError("'env_idx' (or 'id') is required")
+        return self
+
+    @property
+    def session(self) -> int:
+        """The session's integer id: ``env_idx`` when given, else ``id``."""
+        return _either(self.id, self.env_idx)
 
 
 class CompatStep(_CompatBody):
@@ -37,38 +147,72 @@ class CompatStep(_CompatBody):
 
 
 class CompatReset(_CompatBody):
-    data_idx: int = Field(0, ge=0)
+    data_idx: int | None = Field(None, ge=0)
+    session_id: int | None = Field(None, ge=0)
+    """AgentGym's WebShop: the goal index."""
 
 
-CREATE_RESPONSES = {
-    "generic": lambda compat_id: {"id": compat_id},
-    "sciworld": lambda compat_id: {"id": compat_id},
-    "webshop": lambda compat_id: compat_id,
-}
+class CompatCreate(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    id: int | None = Field(None, ge=0)
+    """AgentGym's SearchQA: the item to load."""
 
 
 def compat_router(catalog: TextEnv, sessions: SessionManager) -> APIRouter:
     router = APIRouter(tags=["agentgym-compat"])
-    dialect = getattr(catalog, "compat_dialect", "generic")
-    create_response = CREATE_RESPONSES[dialect]
+    dialect = DIALECTS[getattr(catalog, "compat_dialect", "generic")]
 
     def session_for(compat_id: int) -> Session:
         return sessions.get_compat(compat_id)
 
-    @router.post("/create")
-    async def create() -> Any:
-        """Open a session with no episode yet; answers its integer id in this env's dialect."""
-        session = await sessions.open()
-        return create_response(session.compat_id)
+    async def start(session: Session, task_id: str | None) -> tuple[str, dict[str, Any]]:
+        return await sessions.call(
+            session, session.env.reset, task_id=task_id, deadline=sessions.reset_deadline
+        )
+
+    def agentgym_task(index: int) -> Task:
+        """Task number ``index`` as AgentGym's server of this env numbers them."""
+        if hasattr(catalog, "compat_task_id"):
+            return catalog.task(catalog.compat_task_id(index))
+        return _task_by_number(catalog, index, dialect.task_order or tuple(catalog.splits()))
+
+    if dialect.create_loads_task:
+
+        @router.post("/create")
+        async def create_and_load(body: CompatCreate | None = None) -> Any:
+            """Open a session; with ``{"id": k}``, load AgentGym's item ``k`` into it."""
+            task = agentgym_task(body.id) if body and body.id is not None else None
+            session = await sessions.open()
+            if task is not None:
+                try:
+                    await start(session, task.task_id)
+                except Exception:
+                    await sessions.close(session.session_id)
+                    raise
+            return dialect.create(session.compat_id)
+    else:
+
+        @router.post("/create")
+        async def create() -> Any:
+            """Open a session with no episode yet; answers its integer id in this env's dialect."""
+            return dialect.create((await sessions.open()).compat_id)
 
     @router.post("/reset")
-    async def reset(body: CompatReset) -> dict[str, Any]:
-        """Start task number ``data_idx`` (all splits in /metadata order) in session ``id``."""
-        session = session_for(body.id)
-        task = _task_by_data_idx(catalog, body.data_idx)
-        observation, info = await sessions.call(
-            session, session.env.reset, task_id=task.task_id, deadline=sessions.reset_deadline
+    async def reset(body: CompatReset) -> Any:
+        """Start a task in session ``env_idx`` (or ``id``): AgentGym's task index, or our
+        ``data_idx`` (all splits in /metadata order)."""
+        session = session_for(body.session)
+        if dialect.native_reset and body.env_idx is not None and body.data_idx is None:
+            index = getattr(body, dialect.task_field)
+            observation, _ = await start(session, None if index is None else agentgym_task(index).task_id)
+            return dialect.native_reset(observation)
+        data_idx = body.data_idx or 0
+        task = (
+            agentgym_task(data_idx)
+            if dialect.task_field == "data_idx"
+            else _task_by_number(catalog, data_idx, tuple(catalog.splits()))
         )
+        observation, info = await start(session, task.task_id)
         response = {
             "observation": observation,
             "info": info,
@@ -83,7 +227,7 @@ def compat_router(catalog: TextEnv, sessions: SessionManager) -> APIRouter:
     async def step(body: CompatStep) -> dict[str, Any]:
         """Play one action; ``done`` is terminated or truncated."""
         action = catalog.validate_action(body.action)  # before the engine thread: 400, session intact
-        session = session_for(body.id)
+        session = session_for(body.session)
         observation, reward, terminated, truncated, info = await sessions.call(
             session, session.env.step, action
         )
@@ -94,32 +238,36 @@ def compat_router(catalog: TextEnv, sessions: SessionManager) -> APIRouter:
             "done": terminated or truncated,
             "info": info,
         }
-        return response | _env_fields(session.env, "step")
+        return response | dialect.step_fields(observation) | _env_fields(session.env, "step")
 
     @router.get("/observation")
     async def observation(id: int | None = Query(None), env_idx: int | None = Query(None)) -> str:
-        """The last observation of session ``id`` (or ``env_idx``)."""
+        """The last observation of session ``env_idx`` (or ``id``)."""
         return session_for(_either(id, env_idx)).env.last_observation
 
     @router.get("/available_actions")
-    async def available_actions(id: int | None = Query(None), env_idx: int | None = Query(None)) -> list[str]:
-        """The actions valid now in session ``id`` (or ``env_idx``)."""
+    async def available_actions(id: int | None = Query(None), env_idx: int | None = Query(None)) -> Any:
+        """The actions valid now in session ``env_idx`` (or ``id``), in this env's dialect."""
         session = session_for(_either(id, env_idx))
-        return await sessions.call(session, lambda: session.env.available_actions() or [])
+        actions = await sessions.call(session, lambda: session.env.available_actions() or [])
+        return dialect.available_actions(actions)
 
     @router.post("/close")
-    async def close(body: _CompatBody) -> dict[str, Any]:
-        """Close session ``id`` and free its engine."""
-        await sessions.close(session_for(body.id).session_id)
-        return {"closed": True, "id": body.id}
+    async def close(body: _CompatBody) -> Any:
+        """Close session ``env_idx`` (or ``id``) and free its engine."""
+        await sessions.close(session_for(body.session).session_id)
+        return dialect.close(body.session)
 
     return router
 
 
 def _either(id_: int | None, env_idx: int | None) -> int:
-    if id_ is None and env_idx is None:
-        raise SchemaError("query parameter 'id' (or 'env_idx') is required")
-    return id_ if id_ is not None else env_idx  # type: ignore[return-value]
+    """``env_idx`` when given, else ``id`` (see the module docstring)."""
+    if env_idx is not None:
+        return env_idx
+    if id_ is None:
+        raise SchemaError("query parameter 'env_idx' (or 'id') is required")
+    return id_
 
 
 def _env_fields(env: TextEnv, route: str) -> dict[str, Any]:
@@ -128,12 +276,14 @@ def _env_fields(env: TextEnv, route: str) -> dict[str, Any]:
     return fields(route) if fields else {}
 
 
-def _task_by_data_idx(catalog: TextEnv, data_idx: int) -> Task:
-    if hasattr(catalog, "compat_task_id"):
-        return catalog.task(catalog.compat_task_id(data_idx))
-    remaining = data_idx
-    for split, count in catalog.splits().items():
+def _task_by_number(catalog: TextEnv, number: int, splits: tuple[str, ...]) -> Task:
+    """Task ``number`` counting through ``splits`` one after the other."""
+    sizes = catalog.splits()
+    remaining = number
+    for split in splits:
+        count = sizes.get(split, 0)
         if remaining < count:
             return catalog.task_at(split, remaining)
         remaining -= count
-    raise UnknownTask(f"data_idx {data_idx} is out of range ({sum(catalog.splits().values())} tasks)")
+    total = sum(sizes.get(split, 0) for split in splits)
+    raise UnknownTask(f"task index {number} is out of range ({total} tasks: {', '.join(splits)})")

@@ -277,7 +277,8 @@ class Gateway:
         if route != "close" or upstream.status_code != 200:
             return await passthrough(upstream)
         replica.sessions = max(0, replica.sessions - 1)
-        return JSONResponse(json.loads(await upstream.aread()) | {"id": gateway_id})
+        answer = json.loads(await upstream.aread())  # SciWorld's and SearchQA's dialects: true
+        return JSONResponse(answer | {"id": gateway_id} if isinstance(answer, dict) else answer)
 
     def _compat_gateway_id(self, replica: Replica, local_id: int) -> int:
         return int(local_id) * len(self.fleet.replicas(replica.env)) + replica.index
@@ -285,9 +286,8 @@ class Gateway:
     def _compat_target(self, env: str, fields: dict[str, Any]) -> tuple[Replica, int, dict[str, Any]]:
         """(replica, gateway id, ``fields`` with the id replaced by the replica's own)."""
         replicas = self.fleet.replicas(env)
-        gateway_id = _compat_field(fields)
-        local = {k: gateway_id // len(replicas) for k in ("id", "env_idx") if k in fields}
-        return replicas[gateway_id % len(replicas)], gateway_id, fields | local
+        key, gateway_id = _compat_field(fields)
+        return replicas[gateway_id % len(replicas)], gateway_id, fields | {key: gateway_id // len(replicas)}
 
     # ----- helpers ----------------------------------------------------------------------
 
@@ -349,13 +349,16 @@ def _json_object(body: bytes) -> dict[str, Any]:
     return payload
 
 
-def _compat_field(fields: dict[str, Any]) -> int:
-    """The session's integer id, as the env servers take it (JSON integer, integral float,
-    or digits in a query string); 422 for anything else (1e999, Infinity, a list, ...)."""
-    value = fields.get("id", fields.get("env_idx"))
+def _compat_field(fields: dict[str, Any]) -> tuple[str, int]:
+    """The field naming the session and its integer id, as the env servers read them:
+    ``env_idx`` when present, else ``id`` (AgentGym's SearchQA client sends its task index
+    as ``id`` beside ``env_idx``). JSON integer, integral float, or digits in a query
+    string; 422 for anything else (1e999, Infinity, a list, ...)."""
+    key = "env_idx" if fields.get("env_idx") is not None else "id"
+    value = fields.get(key)
     if isinstance(value, str):
         value = decimal(value, max_digits=30) if value else None
-    return as_integer(value, "'id' (or 'env_idx')", 0)
+    return key, as_integer(value, "'env_idx' (or 'id')", 0)
 
 
 def create_gateway_app(config: GatewayConfig) -> FastAPI:

@@ -270,7 +270,7 @@ def test_compat_routes_speak_webshops_dialect(webshop_url: str) -> None:
         step = http.post("/step", json={"env_idx": env_idx, "action": "search[coffee]"}).json()
         assert "Total results" in step["observation"] and step["done"] is False
         actions = http.get("/available_actions", params={"env_idx": env_idx}).json()
-        assert actions[0] == "click[back to search]"
+        assert actions["has_search_bar"] is False and actions["clickables"][0] == "back to search"
         assert http.post("/close", json={"env_idx": env_idx}).status_code == 200
 
 

@@ -167,6 +167,7 @@ class SciWorldEnv(TextEnv):
                 "var_num": meta["variation"],
                 "task_description": self._task_description,
                 "observation": self._look,
+                "deleted": False,
             }
         return fields
 

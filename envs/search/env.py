@@ -84,6 +84,7 @@ class SearchEnv(TaskListsMixin, TextEnv):
     )
     action_format: ClassVar[str] = "search[query] | open[doc_id] | answer[text]"
     default_max_turns: ClassVar[int] = DEFAULT_MAX_TURNS
+    compat_dialect: ClassVar[str] = "search"  # AgentGym's SearchQA server (servers/compat.py)
 
     def __init__(
         self,
