@@ -18,7 +18,7 @@ the same seed's first RL arm spent in RL (its wall time over a BC step's), so th
 shows whether RL beats more imitation. Every arm is evaluated on the same frozen test
 tasks, greedily, at the same horizon.
 
-The table: held-out success at the end (pooled over task x seed, 95% interval, and each
+The table: held-out success after behaviour cloning and at the end (pooled over task x seed, 95% interval, and each
 seed's), the gain over ``bc-continued`` paired over task x seed (an interval holding 0
 means the difference is inside the noise), train success at the last RL step, the token
 entropy of the last update, and mean wall time per run.
@@ -52,7 +52,7 @@ ARMS: dict[str, dict[str, Any]] = {
 """Arm name -> TrainConfig overrides. The first arm is the reference ``bc-continued`` is timed by."""
 DEFAULT_ARMS = {"textworld": list(ARMS), "search": ["bapo+scaling-inter", "grpo+fixed", BC_ARM]}
 
-console = Console()
+console = Console(width=200)  # a wide table: never fold it into an 80-column terminal
 
 
 def main() -> None:
@@ -137,22 +137,15 @@ def extra_bc_steps(root: Path, arms: list[str], seed: int) -> int:
 
 def report(root: Path, arms: list[str], seeds: list[int]) -> None:
     table = Table(title=f"held-out success on {root.name} (greedy, frozen test tasks), % [95% interval]")
-    for column in (
-        "arm",
-        "seeds",
-        "held-out at end",
-        "per seed",
-        f"vs {BC_ARM} (paired)",
-        "train success",
-        "entropy",
-        "wall/run",
-    ):
+    columns = ["arm", "seeds", "after BC", "held-out at end", "per seed", f"vs {BC_ARM} (paired)"]
+    columns += ["train success", "entropy", "step time/run"]
+    for column in columns:
         table.add_column(column)
     reference = {s: _final_outcomes(run_dir(root, BC_ARM, s)) for s in seeds}
     for arm in arms:
         done = [s for s in seeds if finished(run_dir(root, arm, s))]
         if not done:
-            table.add_row(arm, "0", "not run yet", "", "", "", "", "")
+            table.add_row(arm, "0", "not run yet", *[""] * (len(columns) - 3))
             continue
         table.add_row(arm, str(len(done)), *arm_figures(root, arm, done, reference))
     console.print(table)
@@ -161,6 +154,10 @@ def report(root: Path, arms: list[str], seeds: list[int]) -> None:
 def arm_figures(root: Path, arm: str, seeds: list[int], reference: dict[int, dict[str, float]]) -> list[str]:
     outcomes = {s: _final_outcomes(run_dir(root, arm, s)) for s in seeds}
     pooled = heldout.mean_interval([v for s in seeds for v in outcomes[s].values()])
+    before = [
+        v for s in seeds for v in heldout.outcomes_by_phase(_records(run_dir(root, arm, s)))[0].values()
+    ]
+    after_bc = heldout.mean_interval(before).points() if before and arm != BC_ARM else ""
     per_seed = ", ".join(f"{100 * sum(o.values()) / len(o):.0f}" for o in outcomes.values())
     pairs = [(reference[s], outcomes[s]) for s in seeds if reference.get(s)]
     versus = heldout.compare(pairs).gain.points() if pairs and arm != BC_ARM else ""
@@ -171,6 +168,7 @@ def arm_figures(root: Path, arm: str, seeds: list[int], reference: dict[int, dic
     entropy = _mean_of(r.get("entropy") for r in last_rl)
     wall = _mean_of(sum(r["step_s"] for r in _records(run_dir(root, arm, s))) for s in seeds)
     return [
+        after_bc,
         pooled.points(),
         per_seed,
         versus,
