@@ -17,10 +17,12 @@ from typer.testing import CliRunner
 
 from agentgym.cli import app
 from agentgym.policies.hf import HFPolicy
+from agentgym.trainers.algorithms import clipped_surrogate
 from agentgym.trainers.batch import collate
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.distributed import DataParallel
 from agentgym.trainers.learner import Learner
+from agentgym.trainers.recipes import carrying_gradient
 from agentgym.trainers.registry import PRESETS
 
 TINY = {
@@ -234,3 +236,40 @@ def test_train_help_names_every_registered_algorithm() -> None:
     assert result.exit_code == 0
     assert all(name in result.output for name in PRESETS)
     assert "no value network, no GAE" in result.output and "REINFORCE++-baseline" in result.output
+
+
+def test_leaving_out_zero_advantage_episodes_keeps_the_gradient_exact(tiny_model_dir: Path) -> None:
+    """Episodes whose advantage is 0 everywhere add nothing to a clipped surrogate's gradient:
+    the update leaves them out of forward and backward, and gets the same gradient."""
+    records, _ = uneven_minibatch()
+    grads, rows = [], []
+    for prune in (False, True):
+        learner = learner_for(tiny_model_dir, lora=False)
+        batch = collate(records, [1.0, 0.0, -1.0, 0.0, 0.5, 0.0, 0.0, -0.5], pad_id=0).weighted("token-mean")
+        if prune:
+            batch, left_out = carrying_gradient(batch)
+            assert left_out == 4
+        rows.append(len(batch))
+
+        def surrogate(micro, learner=learner):
+            logp = learner.logprobs(micro)[0]
+            return clipped_surrogate(logp, logp.detach() - 0.1, micro.advantages, clip_low=0.8, clip_high=1.2)
+
+        learner.optimize(batch, surrogate)
+        grads.append(torch.cat([p.grad.flatten() for p in learner.trainable]))
+    assert rows == [8, 4]
+    assert grads[0].abs().sum() > 0 and torch.allclose(grads[0], grads[1], atol=1e-7)
+
+
+def test_an_on_policy_minibatch_skips_the_prepass_forward_with_the_same_bounds(tiny_model_dir: Path) -> None:
+    records, _ = uneven_minibatch()
+    learner = learner_for(tiny_model_dir)
+    batch = collate(records, [1.0, -1.0] * 4, pad_id=0)
+    with torch.no_grad():  # behaviour log-probs = what the current weights give
+        batch.old_logp = learner.logprobs(batch)[0] * batch.loss_mask
+    batch = batch.weighted("token-mean")
+    forwards = []
+    learner.model.register_forward_pre_hook(lambda *_: forwards.append(1))
+    full, skipped = learner.prepass(batch), learner.prepass(batch, on_policy=True)
+    assert len(forwards) == len(learner.micro_batches(batch))  # only the first ran the model
+    assert torch.allclose(full.logp, skipped.logp, atol=1e-5)
