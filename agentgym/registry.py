@@ -3,18 +3,31 @@
 Factories are given as ``"module:attr"`` strings so that listing environments never
 imports heavy engines (TextWorld, the JVM, a browser). Adding an environment is one
 line in ``_BUILTIN`` plus its folder under ``envs/``.
+
+Third-party packages add environments without forking: an entry point in the group
+``agentgym.envs`` (``NAME = "module:EnvClass"``, any callable that takes the env's
+settings as keyword arguments and returns a ``TextEnv``) makes ``NAME`` a registered
+environment of every process that can import the package (``docs/environments.md``).
+Entry points are read on the first lookup, not imported; a built-in or explicitly
+registered name wins over an entry point of the same name.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable
+from importlib.metadata import entry_points
 from typing import Any
 
 from agentgym.core import TextEnv
 from agentgym.errors import UnknownEnv
 
+log = logging.getLogger(__name__)
+
 EnvFactory = Callable[..., TextEnv]
+
+ENTRY_POINT_GROUP = "agentgym.envs"
 
 _BUILTIN: dict[str, str] = {
     "textworld": "agentgym.envs.textworld:TextWorldEnv",
@@ -26,10 +39,27 @@ _BUILTIN: dict[str, str] = {
 }
 
 _registry: dict[str, EnvFactory | str] = dict(_BUILTIN)
+_plugins_read = False
+
+
+def _read_plugins() -> None:
+    """Add the ``agentgym.envs`` entry points of installed packages, once per process."""
+    global _plugins_read
+    if _plugins_read:
+        return
+    _plugins_read = True
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        if entry.name in _registry:
+            log.warning(
+                "entry point %s = %s ignored: %r is already registered", entry.name, entry.value, entry.name
+            )
+            continue
+        _registry[entry.name] = f"{entry.module}:{entry.attr}"
 
 
 def register(name: str, factory: EnvFactory | str, *, overwrite: bool = False) -> None:
     """Register ``factory`` (a callable or ``"module:attr"``) under ``name``."""
+    _read_plugins()
     if name in _registry and not overwrite:
         raise ValueError(f"environment {name!r} is already registered")
     _registry[name] = factory
@@ -41,19 +71,32 @@ def unregister(name: str) -> None:
 
 
 def names() -> list[str]:
+    _read_plugins()
     return sorted(_registry)
 
 
 def resolve(name: str) -> EnvFactory:
     """The factory registered as ``name``, imported on first use."""
+    _read_plugins()
     try:
         factory = _registry[name]
     except KeyError:
         raise UnknownEnv(f"unknown environment {name!r}; registered: {', '.join(names())}") from None
     if isinstance(factory, str):
-        module, _, attr = factory.partition(":")
-        factory = getattr(importlib.import_module(module), attr)
+        factory = _import(name, factory)
         _registry[name] = factory
+    return factory
+
+
+def _import(name: str, spec: str) -> EnvFactory:
+    """The callable ``"module:attr"`` names; an env that cannot load is an UnknownEnv saying why."""
+    module, _, attr = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise UnknownEnv(f"environment {name!r} ({spec}) cannot be loaded: {exc}") from exc
+    if not callable(factory):
+        raise UnknownEnv(f"environment {name!r} ({spec}) is not callable")
     return factory
 
 
