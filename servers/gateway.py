@@ -18,6 +18,11 @@ works unchanged. The gateway is a plain reverse proxy on ``httpx.AsyncClient``:
   liveness, sessions and capacity; ``GET /health`` reports them per env.
 * **AgentGym-compatible routes** (``/envs/{env}/create``, ``/step`` ...) work too. Their
   integer ids are mapped statelessly: gateway id = replica id * replicas + replica index.
+* **OpenEnv** (docs/openenv.md): ``/envs/{env}/ws`` relays an OpenEnv WebSocket session to
+  the ``/ws`` of a replica with room (by the last health poll), so OpenEnv's client works
+  with ``base_url="ws://gw/envs/{env}"``; the two connections close together. Its HTTP
+  ``/envs/{env}/openenv/reset|step|state`` keep affinity like v1 sessions (the
+  ``session_id`` in their bodies gets the replica's key).
 * Anything else under ``/envs/{env}/`` (``/metadata``, ``/tasks``, ``/openapi.json``, an
   env's web pages) goes to any healthy replica: those answers are the same on each.
 """
@@ -36,14 +41,26 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Request, Response, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
+from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.client import connect as websocket_connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from agentgym.errors import AtCapacity, EngineError, InvalidPayload, UnknownEnv, UnknownSession
+from agentgym.errors import (
+    AgentGymError,
+    AtCapacity,
+    EngineError,
+    InvalidPayload,
+    SchemaError,
+    UnknownEnv,
+    UnknownSession,
+)
 from agentgym.inputs import as_integer, decimal
 from agentgym.servers.app import install_error_handlers
 from agentgym.servers.middleware import BodySizeLimitMiddleware
+from agentgym.servers.openenv import refuse_session
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +73,12 @@ content-length is recomputed for every forwarded body)."""
 
 COMPAT_ID_ROUTES = {"step", "reset", "close", "observation", "available_actions"}
 """AgentGym-compatible routes whose request names a session by integer ``id``/``env_idx``."""
+
+OPENENV_SESSION_ROUTES = {"openenv/reset", "openenv/step", "openenv/state"}
+"""OpenEnv's HTTP routes that name a session by ``session_id`` (query for GET, JSON body otherwise)."""
+
+FORWARDED_WEBSOCKET_HEADERS = ("authorization",)
+"""Handshake headers relayed to the replica (its token check reads them)."""
 
 
 @dataclass
@@ -289,6 +312,82 @@ class Gateway:
         key, gateway_id = _compat_field(fields)
         return replicas[gateway_id % len(replicas)], gateway_id, fields | {key: gateway_id // len(replicas)}
 
+    # ----- OpenEnv ----------------------------------------------------------------------
+
+    async def websocket_session(self, env: str, client: WebSocket) -> None:
+        """Relay an OpenEnv session to a replica's ``/ws``. A replica that refuses the
+        handshake (a wrong token) gets the client refused the same way (403); when every
+        replica is full or down, the client gets OpenEnv's error reply and a close."""
+        try:
+            upstream = await self._connect_upstream(env, client)
+        except InvalidStatus:
+            await client.close(code=1008)
+            return
+        except AgentGymError as exc:  # an unknown env, none with room, none reachable
+            await client.accept()
+            await refuse_session(client, exc)
+            return
+        replica, connection = upstream
+        await client.accept()
+        try:
+            await _relay(client, connection)
+        finally:
+            replica.sessions = max(0, replica.sessions - 1)
+            await connection.close()
+            with contextlib.suppress(RuntimeError, WebSocketDisconnect):
+                await client.close()
+
+    async def _connect_upstream(self, env: str, client: WebSocket) -> tuple[Replica, ClientConnection]:
+        candidates = await self._candidates(env)
+        with_room = [r for r in candidates if r.sessions < r.capacity]
+        if candidates and not with_room:
+            raise AtCapacity(f"every replica of {env!r} is at capacity")
+        headers = [(k, v) for k, v in client.headers.items() if k.lower() in FORWARDED_WEBSOCKET_HEADERS]
+        query = f"?{client.url.query}" if client.url.query else ""
+        for replica in with_room:
+            url = "ws" + replica.url.removeprefix("http") + "/ws" + query
+            try:
+                connection = await websocket_connect(
+                    url, additional_headers=headers, open_timeout=10.0, max_size=None
+                )
+            except (OSError, TimeoutError):
+                replica.healthy = False  # until the next poll says otherwise
+                continue
+            replica.sessions += 1  # until the next poll
+            return replica, connection
+        raise self._no_replica(env)
+
+    async def openenv_call(self, env: str, route: str, request: Request) -> Response:
+        """OpenEnv's HTTP reset/step/state: a reset without ``session_id`` opens a session
+        on the best replica; the rest go to the replica named by the id's key."""
+        if request.method == "GET":
+            replica, query = self._openenv_target(env, dict(request.query_params))
+            upstream = await self.send(replica, request, f"/{route}", params=query)
+        else:
+            payload = _json_object(await request.body())
+            if route == "openenv/reset" and payload.get("session_id") is None:
+                replica, upstream = await self._place(env, request, f"/{route}")
+            else:
+                replica, payload = self._openenv_target(env, payload)
+                upstream = await self.send(replica, request, f"/{route}", body=json.dumps(payload).encode())
+        if upstream.status_code != 200:
+            return await passthrough(upstream)
+        answer = json.loads(await upstream.aread())
+        named = [answer] if route == "openenv/state" else [answer.get("observation", {})]
+        for fields in named:  # the replica's own id -> the gateway's
+            fields.update(
+                {k: f"{replica.key}-{v}" for k, v in fields.items() if k in ("session_id", "episode_id")}
+            )
+        return JSONResponse(answer)
+
+    def _openenv_target(self, env: str, fields: dict[str, Any]) -> tuple[Replica, dict[str, Any]]:
+        """(replica, ``fields`` with the gateway's ``session_id`` replaced by the replica's own)."""
+        session_id = fields.get("session_id")
+        if not isinstance(session_id, str):
+            raise SchemaError("session_id (a string) is required")
+        key, _, local_id = session_id.partition("-")
+        return self.fleet.by_key(env, key), fields | {"session_id": local_id}
+
     # ----- helpers ----------------------------------------------------------------------
 
     async def _candidates(self, env: str) -> list[Replica]:
@@ -337,6 +436,28 @@ async def passthrough(upstream: httpx.Response) -> Response:
         headers=headers,
         background=BackgroundTask(upstream.aclose),
     )
+
+
+async def _relay(client: WebSocket, upstream: ClientConnection) -> None:
+    """Pass messages both ways until either side closes."""
+
+    async def client_to_upstream() -> None:
+        with contextlib.suppress(WebSocketDisconnect, ConnectionClosed):
+            while (message := await client.receive())["type"] != "websocket.disconnect":
+                await upstream.send(message["text"] if message.get("text") is not None else message["bytes"])
+
+    async def upstream_to_client() -> None:
+        with contextlib.suppress(WebSocketDisconnect, ConnectionClosed, RuntimeError):
+            async for message in upstream:
+                await (client.send_text(message) if isinstance(message, str) else client.send_bytes(message))
+
+    pumps = [asyncio.create_task(client_to_upstream()), asyncio.create_task(upstream_to_client())]
+    try:
+        await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for pump in pumps:
+            pump.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
 
 
 def _json_object(body: bytes) -> dict[str, Any]:
@@ -402,10 +523,16 @@ def create_gateway_app(config: GatewayConfig) -> FastAPI:
     async def compat_create(env: str, request: Request) -> Response:
         return await gateway.compat_create(env, request)
 
+    @app.websocket("/envs/{env}/ws")
+    async def openenv_session(env: str, websocket: WebSocket) -> None:
+        await gateway.websocket_session(env, websocket)
+
     @app.api_route("/envs/{env}/{path:path}", methods=any_method)
     async def other(env: str, path: str, request: Request) -> Response:
         if path in COMPAT_ID_ROUTES:
             return await gateway.compat_call(env, path, request)
+        if path in OPENENV_SESSION_ROUTES:
+            return await gateway.openenv_call(env, path, request)
         return await gateway.any_replica(env, f"/{path}", request)
 
     return app

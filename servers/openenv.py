@@ -17,8 +17,8 @@ it (the server does not depend on openenv-core; the tests play with its real cli
   ``/openenv/step`` and ``/openenv/state`` take that ``session_id``.
 
 An action is ``{"action": "<text>"}``; an observation is ``{"text", "info", "terminated",
-"truncated", "session_id"}`` plus OpenEnv's ``reward`` and ``done`` beside it (``info`` is
-v1's: task_id, turn, score, success, available_actions, expert_action).
+"truncated"}`` (and, over HTTP, ``session_id``) with OpenEnv's ``reward`` and ``done``
+beside it (``info`` is v1's: task_id, turn, score, success, available_actions, expert_action).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from agentgym.core import TextEnv
 from agentgym.errors import (
     AgentGymError,
     AtCapacity,
+    InvalidAction,
     InvalidPayload,
     PayloadTooLarge,
     SchemaError,
@@ -67,7 +68,9 @@ class TextObservation(BaseModel):
     info: dict[str, Any] = Field(description="v1's info: task_id, turn, score, success, ...")
     terminated: bool = Field(description="The task ended (won or lost)")
     truncated: bool = Field(description="The turn limit ended the episode")
-    session_id: str = Field(description="The session, for /openenv/step, /openenv/state and v1")
+    session_id: str | None = Field(
+        default=None, description="HTTP only: the session to name in /openenv/step and /openenv/state"
+    )
     done: bool = False
     reward: float | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
@@ -121,9 +124,10 @@ WS_ERROR_CODES: dict[type[AgentGymError], str] = {
     AtCapacity: "CAPACITY_REACHED",
     UnknownSession: "SESSION_ERROR",
     SchemaError: "VALIDATION_ERROR",
+    InvalidAction: "VALIDATION_ERROR",
     PayloadTooLarge: "VALIDATION_ERROR",
 }
-"""Our errors as OpenEnv's ``WSErrorCode``; the rest (a bad action, an episode over, an
+"""Our errors as OpenEnv's ``WSErrorCode``; the rest (an unknown task, an episode over, an
 engine failure) are ``EXECUTION_ERROR``. Replies carry our own code too, under ``error``."""
 
 
@@ -131,6 +135,16 @@ def ws_error(exc: AgentGymError) -> dict[str, Any]:
     """OpenEnv's error reply: ``{"type": "error", "data": {"message", "code", "error"}}``."""
     code = WS_ERROR_CODES.get(type(exc), "EXECUTION_ERROR")
     return {"type": "error", "data": {"message": exc.message, "code": code} | exc.to_body()}
+
+
+async def refuse_session(websocket: WebSocket, exc: AgentGymError) -> None:
+    """Answer an accepted connection that gets no session as OpenEnv's server does (one
+    error reply, then close), the close frame naming the reason too: OpenEnv's client
+    sends its first message after that close and reports only the close frame."""
+    await websocket.send_json(ws_error(exc))
+    code = 1013 if isinstance(exc, AtCapacity) else 1011  # RFC 6455: try again later / server error
+    reason = f"{ws_error(exc)['data']['code']}: {exc.message}"
+    await websocket.close(code=code, reason=reason.encode()[:120].decode(errors="ignore"))
 
 
 # ----- the routes -------------------------------------------------------------------------
@@ -147,12 +161,12 @@ class OpenEnvProtocol:
         observation, info = await self.sessions.call(
             session, session.env.reset, deadline=self.sessions.reset_deadline, **kwargs
         )
-        return _observation(session, observation, 0.0, False, False, info) | {"reward": None}
+        return _observation(observation, 0.0, False, False, info) | {"reward": None}
 
     async def step(self, session: Session, action: dict[str, Any]) -> dict[str, Any]:
         command = self.catalog.validate_action(_parse(TextAction, action).action)
         result = await play_step(self.sessions, self.metrics, session, command)
-        return _observation(session, **result)
+        return _observation(**result)
 
     def state(self, session: Session) -> dict[str, Any]:
         if session.closed:
@@ -162,7 +176,6 @@ class OpenEnvProtocol:
 
 
 def _observation(
-    session: Session,
     observation: str,
     reward: float,
     terminated: bool,
@@ -172,7 +185,7 @@ def _observation(
     """OpenEnv's serialized observation: ``{"observation", "reward", "done"}``."""
     fields = {"text": observation, "info": info, "terminated": terminated, "truncated": truncated}
     return {
-        "observation": fields | {"session_id": session.session_id},
+        "observation": fields,
         "reward": reward,
         "done": terminated or truncated,
     }
@@ -204,8 +217,7 @@ def _websocket_router(protocol: OpenEnvProtocol, max_message_bytes: int) -> APIR
         try:
             session = await protocol.sessions.open()
         except AgentGymError as exc:  # at capacity, or the engine cannot be built
-            await websocket.send_json(ws_error(exc))
-            await websocket.close()
+            await refuse_session(websocket, exc)
             return
         try:
             await _converse(websocket, protocol, session, max_message_bytes)
@@ -302,10 +314,11 @@ def _http_router(protocol: OpenEnvProtocol) -> APIRouter:
     async def reset(body: HttpReset | None = None) -> dict[str, Any]:
         body = body or HttpReset()
         if body.session_id is not None:
-            return await protocol.reset(sessions.get(body.session_id), body)
+            session = sessions.get(body.session_id)
+            return _named(await protocol.reset(session, body), session)
         session = await sessions.open()
         try:
-            return await protocol.reset(session, body)
+            return _named(await protocol.reset(session, body), session)
         except BaseException:
             with contextlib.suppress(AgentGymError):
                 await sessions.close(session.session_id)
@@ -313,10 +326,17 @@ def _http_router(protocol: OpenEnvProtocol) -> APIRouter:
 
     @router.post("/step")
     async def step(body: HttpStep) -> dict[str, Any]:
-        return await protocol.step(sessions.get(body.session_id), body.action)
+        session = sessions.get(body.session_id)
+        return _named(await protocol.step(session, body.action), session)
 
     @router.get("/state")
     async def state(session_id: str = Query(...)) -> dict[str, Any]:
         return protocol.state(sessions.get(session_id))
 
     return router
+
+
+def _named(result: dict[str, Any], session: Session) -> dict[str, Any]:
+    """An HTTP answer's observation with its session id (over /ws the connection is the session)."""
+    result["observation"]["session_id"] = session.session_id
+    return result
