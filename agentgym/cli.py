@@ -293,7 +293,8 @@ PolicyOpt = Annotated[str, typer.Option(help="Policy backend: hf, openai, vllm o
 ModelOpt = Annotated[
     str | None,
     typer.Option(
-        help="Model: alias, folder or Hugging Face id (hf/vllm; default smollm2-135m), or the openai model name."
+        help="Model: alias, folder, training run (runs/<run> or its checkpoints/step-N) or Hugging Face "
+        "id (hf/vllm; default smollm2-135m), or the openai model name."
     ),
 ]
 BaseUrlOpt = Annotated[
@@ -353,6 +354,16 @@ def _rollout_config(
     )
 
 
+def _check_model(kind: str, model: str | None) -> None:
+    """Exit 2 within seconds when an hf/vllm ``model`` cannot load here, before any server starts."""
+    from agentgym.evaluation import UsageError, check_policy_model
+
+    try:
+        check_policy_model(kind, model)
+    except UsageError as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
+
+
 class PolicyChoice(NamedTuple):
     """The policy options of ``eval`` and ``collect`` (see ``evaluation.build_policy``)."""
 
@@ -375,6 +386,8 @@ def _run_policy_job(
     run ``job(url, policy, (on_plan, on_episode))`` under an episode progress bar, close
     both. Bad arguments exit with code 2, a server that fails to start with 1."""
     from agentgym.evaluation import UsageError, build_policy, check_server, env_server
+
+    _check_model(choice.kind, choice.model)
 
     async def run(server_url: str, policy: Policy) -> T:
         progress, *callbacks = _episode_progress()
@@ -437,10 +450,11 @@ def _show(value: Any) -> str:
 
 def _results_table(results: dict[str, Any]) -> Table:
     table = Table("metric", "value", title=f"{results['env']} / {results['split']} / {results['policy']}")
-    rows = ["episodes", "tasks", "k", "success_rate", "success_rate_excluding_errors", "mean_score"]
+    rows = ["episodes", "tasks", "k", "seed", "success_rate", "success_rate_excluding_errors", "mean_score"]
     rows += [
-        "mean_turns",
         "avg_at_k",
+        "mean_turns",
+        "invalid_reply_rate",
         "errored",
         "resumed",
         "ran",
@@ -453,6 +467,18 @@ def _results_table(results: dict[str, Any]) -> Table:
         table.add_row(f"pass@{j}", _show(value))
     if results["error_kinds"]:
         table.add_row("error kinds", ", ".join(f"{kind} x{n}" for kind, n in results["error_kinds"].items()))
+    return table
+
+
+def _families_table(results: dict[str, Any]) -> Table:
+    """One row per challenge (task family: the task id up to its first ``/``)."""
+    columns = ["episodes", "success_rate", "mean_score", "mean_turns", "invalid_reply_rate", "errored"]
+    table = Table(title="per challenge")
+    table.add_column("challenge", no_wrap=True)  # squeeze the figures, never the names
+    for column in columns:
+        table.add_column(column)
+    for family, figures in results["by_family"].items():
+        table.add_row(family, *(_show(figures[c]) for c in columns))
     return table
 
 
@@ -487,10 +513,28 @@ def evaluate_policy(
             "critique-filtered voting; other envs: each episode is critiqued and replayed with the critique."
         ),
     ] = None,
+    seed: Annotated[int, typer.Option(help="Seeds env resets and sampling: a re-run plays the same.")] = 0,
+    max_error_rate: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="Exit with code 3 when more than this share of episodes failed for infrastructure "
+            "reasons (model or env server unreachable or failing).",
+        ),
+    ] = 0.1,
 ) -> None:
-    """Evaluate a policy on a task split: success rate, score, turns, Avg@k, Pass@k (with
-    --critic: Acc, Acc@Refine, Acc@Dis, the deltas and voting accuracy)."""
-    from agentgym.evaluation import RESULTS_FILE, TRAJECTORIES_FILE, EvalConfig, evaluate
+    """Evaluate a policy on a task split: success rate, score, turns, invalid replies,
+    Avg@k, Pass@k, per challenge (with --critic: Acc, Acc@Refine, Acc@Dis, the deltas and
+    voting accuracy). Exit code 3: too many episodes failed for infrastructure reasons."""
+    from agentgym.evaluation import (
+        EXIT_INFRASTRUCTURE,
+        RESULTS_FILE,
+        TRAJECTORIES_FILE,
+        EvalConfig,
+        evaluate,
+        infrastructure_failure,
+    )
 
     require_env(env)
     _require_policy(policy)
@@ -503,12 +547,13 @@ def evaluate_policy(
     if critic is not None:
         from agentgym.evaluation import CRITIC_ENVS
 
+        _check_model(policy, critic)
         if env in CRITIC_ENVS:
             _evaluate_with_critic(env, split, n, k, choice, critic, rollout.sampling, out, url)
         else:
             _evaluate_episodes_with_critic(env, split, n, choice, critic, rollout, out, url, token)
         return
-    config = EvalConfig(env=env, out_dir=out, split=split, n=n, k=k, rollout=rollout)
+    config = EvalConfig(env=env, out_dir=out, split=split, n=n, k=k, rollout=rollout, seed=seed)
 
     async def job(server_url: str, built: Policy, callbacks: EpisodeCallbacks) -> dict[str, Any]:
         on_plan, on_episode = callbacks
@@ -516,7 +561,10 @@ def evaluate_policy(
 
     results = _run_policy_job(env, url, out / "servers", token, job, choice)
     console.print(_results_table(results))
+    console.print(_families_table(results))
     console.print(f"results: {out / RESULTS_FILE}\ntrajectories: {out / TRAJECTORIES_FILE}")
+    if reason := infrastructure_failure(results, max_error_rate):
+        raise fail(reason, EXIT_INFRASTRUCTURE)
 
 
 def _evaluate_with_critic(
@@ -714,6 +762,60 @@ def view(
     if open_browser:  # after a moment, so the server is listening when the browser asks
         threading.Timer(1.0, webbrowser.open, [url]).start()
     uvicorn.run(application, host=host, port=port, log_level="warning")
+
+
+@app.command("export")
+def export_model(
+    run: Annotated[Path, typer.Argument(help="A training run folder, or one of its checkpoints/step-N.")],
+    out: Annotated[Path, typer.Option(help="The folder to write (new, or empty).")],
+    step: Annotated[
+        int | None,
+        typer.Option(min=0, help="Export this step's checkpoint (default: the newest complete one)."),
+    ] = None,
+) -> None:
+    """Save a training run's model as a standalone Hugging Face folder: trained weights
+    merged into the base model (safetensors), tokenizer, config and a model card."""
+    from agentgym.export import export_run
+
+    try:
+        with console.status(f"exporting {run} ..."):
+            folder = export_run(run, out, step=step)
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
+    console.print(f"wrote {folder}; load it with AutoModelForCausalLM.from_pretrained({str(folder)!r})")
+
+
+@app.command("serve-model")
+def serve_model(
+    model: ModelOpt = None,
+    host: Annotated[str, typer.Option(help="Interface to bind; 0.0.0.0 exposes it to the network.")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8200,
+    device: Annotated[str | None, typer.Option(help="cuda or cpu (default: cuda when available).")] = None,
+    dtype: Annotated[
+        str | None, typer.Option(help="e.g. bfloat16 (default: bf16 on GPU, fp32 on CPU).")
+    ] = None,
+    max_batch_size: Annotated[int, typer.Option(min=1, help="Requests decoded together at most.")] = 8,
+    served_model_name: Annotated[str | None, typer.Option(help="The name /v1/models reports.")] = None,
+    api_key: Annotated[str | None, typer.Option(help="Require this bearer token.")] = None,
+) -> None:
+    """Serve a local model or a training run over OpenAI's chat-completions API
+    (/v1/chat/completions, /v1/models); `eval --policy openai --base-url` plays it."""
+    from agentgym.policies.models import DEFAULT_MODEL
+    from agentgym.servers.openai_compat import serve_model as serve
+
+    _check_model("hf", model)
+    serve(
+        model or DEFAULT_MODEL,
+        host=host,
+        port=port,
+        device=device,
+        dtype=dtype,
+        max_batch_size=max_batch_size,
+        served_model_name=served_model_name,
+        api_key=api_key,
+    )
 
 
 register_training_commands(app)

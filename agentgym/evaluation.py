@@ -8,16 +8,22 @@ Errored episodes are played again on resume, and the latest record of a pair win
 
 Errored episodes count as failures in ``success_rate`` and are reported separately
 (``errored``, ``error_kinds``, ``success_rate_excluding_errors``), so an env outage
-shows up instead of silently shrinking the denominator.
+shows up instead of silently shrinking the denominator. An episode errs only for
+infrastructure reasons (the model or the env server failed or could not be reached): a
+reply that does not parse is a spent turn, counted in ``invalid_reply_rate``.
+``results.json`` also records what ran: the model (spec, folder and a sha256 of its
+files), the seed, the settings and the git commit of this code.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
 import os
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -28,10 +34,11 @@ from typing import Any
 import httpx
 
 from agentgym import registry
-from agentgym.client import AsyncEnvClient, RetryPolicy
+from agentgym.client import RetryPolicy
 from agentgym.critique import critique_and_replay, critique_metrics, critique_round, voting_accuracy
 from agentgym.envs.math.problems import Problem
 from agentgym.errors import AgentGymError
+from agentgym.openenv_client import env_client
 from agentgym.policies import POLICY_KINDS, Policy, make_policy
 from agentgym.policies.base import SamplingParams
 from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
@@ -66,6 +73,36 @@ class EvalConfig:
     k: int = 1
     """Samples per task (Avg@k, Pass@k)."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    seed: int = 0
+    """Seeds every env reset and every generation (varied per task, sample and turn), so a
+    re-run with the same seed plays the same episodes."""
+
+    def seeded_rollout(self) -> RolloutConfig:
+        sampling = dataclasses.replace(self.rollout.sampling, seed=self.seed)
+        return dataclasses.replace(self.rollout, seed=self.seed, sampling=sampling)
+
+    def describe(self) -> dict[str, Any]:
+        """The settings that shape the results, for ``results.json``."""
+        rollout = self.rollout
+        return {
+            "split": self.split,
+            "n": self.n,
+            "k": self.k,
+            "seed": self.seed,
+            "max_turns": rollout.max_turns,
+            "format": rollout.format,
+            "temperature": rollout.sampling.temperature,
+            "top_p": rollout.sampling.top_p,
+            "max_new_tokens": rollout.sampling.max_new_tokens,
+            "history_turns": rollout.history_turns,
+            "concurrency": rollout.concurrency,
+        }
+
+
+MAX_ERROR_RATE = 0.1
+"""``agentgym eval`` exits with :data:`EXIT_INFRASTRUCTURE` when more than this share of the
+episodes errored (the model or the env server failed or was unreachable)."""
+EXIT_INFRASTRUCTURE = 3
 
 
 # ----- environment servers and policies -------------------------------------------------
@@ -75,7 +112,7 @@ async def check_server(url: str, env: str, token: str | None = None) -> Metadata
     """The server's metadata; ``UsageError`` when it is unreachable, not an env server, or
     serves another environment."""
     try:
-        async with AsyncEnvClient(url, token=token, timeout=10.0, retry=RetryPolicy(attempts=2)) as client:
+        async with env_client(url, token=token, timeout=10.0, retry=RetryPolicy(attempts=2)) as client:
             metadata = await client.metadata()
     except (httpx.HTTPError, AgentGymError, ValueError) as exc:
         raise UsageError(f"no AgentGym env server answers at {url} ({type(exc).__name__}: {exc})") from None
@@ -96,6 +133,19 @@ def env_server(env: str, url: str | None, log_dir: Path, timeout: float = 180.0)
     log_dir.mkdir(parents=True, exist_ok=True)
     with serve_processes([env], log_dir=str(log_dir), timeout=timeout) as servers:
         yield servers[0].url
+
+
+def check_policy_model(kind: str, model: str | None) -> None:
+    """``UsageError`` within seconds when the model of an ``hf`` or ``vllm`` policy cannot
+    load here (:func:`~agentgym.policies.models.check_model`): before any server starts."""
+    if kind not in ("hf", "vllm"):
+        return
+    from agentgym.policies.models import DEFAULT_MODEL, ModelNotAvailable, check_model
+
+    try:
+        check_model(model or DEFAULT_MODEL)
+    except ModelNotAvailable as exc:
+        raise UsageError(str(exc)) from None
 
 
 def build_policy(
@@ -126,7 +176,7 @@ def build_policy(
 async def list_tasks(url: str, split: str, n: int | None, token: str | None = None) -> list[str]:
     """Task ids of ``split`` in order, the first ``n`` of them when ``n`` is set."""
     ids: list[str] = []
-    async with AsyncEnvClient(url, token=token) as client:
+    async with env_client(url, token=token) as client:
         try:
             while n is None or len(ids) < n:
                 page = await client.tasks(split, offset=len(ids), limit=1000)
@@ -165,23 +215,18 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def summarize(trajectories: list[Trajectory], k: int, ran: list[Trajectory], wall_s: float) -> dict[str, Any]:
     """The results of a run: quality over ``trajectories`` (one per planned episode,
     resumed ones included), throughput over ``ran`` (the episodes played this time)."""
-    count = max(len(trajectories), 1)
     valid = [t for t in trajectories if not t.errored]
     by_task: dict[str, list[bool]] = {}
     for t in trajectories:
         by_task.setdefault(t.task_id, []).append(t.success)
     tokens = [t.generated_tokens for t in ran if t.generated_tokens is not None]
     return {
-        "episodes": len(trajectories),
+        **outcome_figures(trajectories),
         "tasks": len(by_task),
         "k": k,
-        "success_rate": sum(t.success for t in trajectories) / count,
         "success_rate_excluding_errors": sum(t.success for t in valid) / len(valid) if valid else None,
-        "mean_score": sum(t.score for t in trajectories) / count,
-        "mean_turns": sum(t.turns for t in trajectories) / count,
         "avg_at_k": _mean(sum(s) / len(s) for s in by_task.values()),
         "pass_at_k": {str(j): _mean(pass_at_k(len(s), sum(s), j) for s in by_task.values()) for j in _ks(k)},
-        "errored": len(trajectories) - len(valid),
         "error_kinds": dict(Counter(t.end_reason for t in trajectories if t.errored)),
         "end_reasons": dict(Counter(t.end_reason for t in trajectories)),
         "template_drift": sum(t.template_drift for t in trajectories),
@@ -190,7 +235,75 @@ def summarize(trajectories: list[Trajectory], k: int, ran: list[Trajectory], wal
         "wall_s": round(wall_s, 3),
         "episodes_per_min": len(ran) / wall_s * 60 if wall_s > 0 else None,
         "generated_tokens_per_s": sum(tokens) / wall_s if tokens and wall_s > 0 else None,
+        "by_family": {
+            name: outcome_figures(group) for name, group in sorted(_families(trajectories).items())
+        },
     }
+
+
+def outcome_figures(trajectories: list[Trajectory]) -> dict[str, Any]:
+    """Success, score, turns, invalid replies and errors of a set of episodes."""
+    count = max(len(trajectories), 1)
+    turns = sum(t.turns for t in trajectories)
+    # A turn whose reply did not parse sends no action (``None``): the env never saw it.
+    invalid = sum(a is None for t in trajectories for a in t.actions)
+    return {
+        "episodes": len(trajectories),
+        "success_rate": sum(t.success for t in trajectories) / count,
+        "mean_score": sum(t.score for t in trajectories) / count,
+        "mean_turns": turns / count,
+        "invalid_reply_rate": invalid / turns if turns else None,
+        "errored": sum(t.errored for t in trajectories),
+    }
+
+
+def task_family(task_id: str) -> str:
+    """The challenge a task belongs to: its id up to the first ``/`` (``tw-cooking``)."""
+    return task_id.partition("/")[0]
+
+
+def _families(trajectories: list[Trajectory]) -> dict[str, list[Trajectory]]:
+    groups: dict[str, list[Trajectory]] = {}
+    for trajectory in trajectories:
+        groups.setdefault(task_family(trajectory.task_id), []).append(trajectory)
+    return groups
+
+
+def infrastructure_failure(results: dict[str, Any], max_error_rate: float = MAX_ERROR_RATE) -> str | None:
+    """Why the run failed for infrastructure reasons (more than ``max_error_rate`` of its
+    episodes errored), or None."""
+    episodes, errored = results["episodes"], results["errored"]
+    if not episodes or errored / episodes <= max_error_rate:
+        return None
+    kinds = ", ".join(f"{kind} x{n}" for kind, n in results["error_kinds"].items())
+    return (
+        f"{errored} of {episodes} episodes failed for infrastructure reasons ({kinds}), "
+        f"more than the {max_error_rate:.0%} allowed (--max-error-rate); see the error field "
+        "of the records in trajectories.jsonl"
+    )
+
+
+def source_revision() -> dict[str, Any]:
+    """The git commit of this code and whether the work tree differs from it (None outside git)."""
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    changes = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {"git_commit": commit, "git_dirty": bool(changes) if changes is not None else None}
+
+
+def describe_model(policy: Policy) -> dict[str, Any]:
+    """What ``results.json`` records of the model: spec, folder and sha256 for local models
+    (:meth:`~agentgym.policies.models.ModelSource.describe`), the name for the others."""
+    source = getattr(policy, "source", None)
+    return source.describe() if source is not None else {"spec": policy.name}
 
 
 def _ks(k: int) -> list[int]:
@@ -244,14 +357,18 @@ async def evaluate(
             if on_episode is not None:
                 on_episode(trajectory)
 
-        ran = await run_episodes(url, policy, todo, config.rollout, token=token, on_episode=record)
+        ran = await run_episodes(url, policy, todo, config.seeded_rollout(), token=token, on_episode=record)
     results = {
         "env": config.env,
         "split": config.split,
         "policy": policy.name,
+        "model": describe_model(policy),
+        "seed": config.seed,
         "format": config.rollout.format,
         "temperature": config.rollout.sampling.temperature,
         "max_turns": config.rollout.max_turns or metadata.max_turns,
+        "config": config.describe(),
+        **source_revision(),
         **summarize([*finished.values(), *ran], config.k, ran, time.perf_counter() - start),
     }
     _write_json(config.out_dir / RESULTS_FILE, results)

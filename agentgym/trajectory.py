@@ -23,6 +23,11 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+SCHEMA_VERSION = 1
+"""The version of the record written here, ``schema_version`` in every record. Raised when a
+field changes meaning or goes away; new fields alone keep it (readers ignore unknown keys).
+Records from before versioning read as version 0."""
+
 AGENTGYM_ACK = "OK. I'll follow your instructions and try my best to solve the task."
 """AgentGym's conversations open with the instruction as a human turn and this untrained
 reply; export writes it after the system prompt and import drops it again."""
@@ -76,6 +81,8 @@ class Trajectory:
     """Sampled tokens in total (token backends)."""
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds: ``generation`` (awaiting the policy), ``env`` (awaiting the server), ``total``."""
+    schema_version: int = SCHEMA_VERSION
+    """The record format (:data:`SCHEMA_VERSION` when written by this code)."""
 
     @property
     def errored(self) -> bool:
@@ -90,9 +97,10 @@ class Trajectory:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Trajectory:
-        """Build from a record; keys this version does not know are ignored (newer writers)."""
+        """Build from a record; keys this version does not know are ignored (newer writers),
+        and a record without ``schema_version`` is version 0 (written before versioning)."""
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        return cls(**{"schema_version": 0} | {k: v for k, v in data.items() if k in known})
 
 
 # ----- JSONL store ----------------------------------------------------------------------

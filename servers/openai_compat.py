@@ -1,10 +1,10 @@
 """An OpenAI-compatible chat-completions server over any policy (usually a local
 :class:`~agentgym.policies.hf.HFPolicy`).
 
-How to expose a local model to third-party agents, and what the ``openai`` policy is
-tested against::
+How to expose a local model (or a training run: its newest checkpoint, LoRA merged) to
+third-party agents, and what the ``openai`` policy is tested against::
 
-    python -m agentgym.servers.openai_compat --model smollm2-135m --port 8200
+    agentgym serve-model --model smollm2-135m --port 8200      # or --model runs/<run>
     curl http://127.0.0.1:8200/v1/chat/completions -H 'content-type: application/json' \\
          -d '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 20}'
 
@@ -206,15 +206,39 @@ def _install_error_handlers(app: FastAPI) -> None:
         return CompatError(500, f"internal error: {exc}", "server_error").response()
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -m agentgym.servers.openai_compat --model smollm2-135m --port 8200``."""
+def serve_model(
+    model: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8200,
+    device: str | None = None,
+    dtype: str | None = None,
+    max_batch_size: int = 8,
+    served_model_name: str | None = None,
+    api_key: str | None = None,
+) -> None:
+    """Load ``model`` (alias, folder, hub id or training run) and serve it until Ctrl-C."""
     import uvicorn
 
     from agentgym.policies.hf import HFPolicy
+
+    policy = HFPolicy(model, device=device, dtype=dtype, max_batch_size=max_batch_size)
+    app = create_openai_app(policy, model_name=served_model_name, api_key=api_key)
+    try:
+        uvicorn.run(app, host=host, port=port)
+    finally:
+        asyncio.run(policy.close())
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m agentgym.servers.openai_compat --model smollm2-135m --port 8200``
+    (``agentgym serve-model`` takes the same options)."""
     from agentgym.policies.models import DEFAULT_MODEL
 
     parser = argparse.ArgumentParser(description="Serve a local model over OpenAI's chat-completions API.")
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="alias, .gguf file, folder or Hugging Face id")
+    parser.add_argument(
+        "--model", default=DEFAULT_MODEL, help="alias, .gguf file, folder, training run or Hugging Face id"
+    )
     parser.add_argument("--host", default="127.0.0.1", help="interface; 0.0.0.0 exposes it to the network")
     parser.add_argument("--port", type=int, default=8200)
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
@@ -226,12 +250,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--api-key", default=None, help="require this bearer token")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
-    policy = HFPolicy(args.model, device=args.device, dtype=args.dtype, max_batch_size=args.max_batch_size)
-    app = create_openai_app(policy, model_name=args.served_model_name, api_key=args.api_key)
-    try:
-        uvicorn.run(app, host=args.host, port=args.port)
-    finally:
-        asyncio.run(policy.close())
+    serve_model(**vars(args))
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ def train(
 ) -> None:
     """Train a policy with multi-turn RL on rollouts from env servers."""
     from agentgym.cli import fail, parse_settings, require_env
+    from agentgym.policies.models import ModelNotAvailable, check_model
     from agentgym.trainers.loop import Trainer
     from agentgym.trainers.plot import plot_run
 
@@ -57,6 +58,10 @@ def train(
     except (ValueError, FileNotFoundError, yaml.YAMLError) as exc:
         raise fail(str(exc), 2) from None
     require_env(resolved.env)
+    try:  # within seconds, before the run folder or any server exists
+        check_model(resolved.model)
+    except ModelNotAvailable as exc:
+        raise fail(str(exc), 2) from None
     run_dir = Path(resolved.output_dir)
     rank = int(os.environ.get("RANK", "0"))  # set by torchrun in each data-parallel process
     if not resume and rank == 0 and (run_dir / "metrics.jsonl").exists():

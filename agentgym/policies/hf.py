@@ -1,7 +1,8 @@
 """``HFPolicy``: a local Hugging Face causal LM as a token-level policy.
 
 Loads any model ``from_pretrained`` can (aliases like ``smollm2-135m`` resolve to a
-converted cache folder, see :mod:`agentgym.policies.models`) and answers concurrent
+converted cache folder, see :mod:`agentgym.policies.models`), or a training run folder or
+checkpoint (its base model with the trained weights merged in), and answers concurrent
 ``generate`` calls through a :class:`~agentgym.policies.batching.ContinuousBatcher`.
 Every reply carries its sampled token ids (end-of-turn token included) and one
 behaviour log-prob per token, ``log_softmax(logits / T)[token]``.
@@ -18,7 +19,7 @@ import torch
 from agentgym.policies.base import Generation, GenerationRequest, Message, SamplingParams
 from agentgym.policies.batching import BatcherStats, ContinuousBatcher
 from agentgym.policies.chat import chat_prompt_ids, stop_token_ids
-from agentgym.policies.models import DEFAULT_MODEL, resolve_model
+from agentgym.policies.models import DEFAULT_MODEL, ModelSource, load_causal_lm
 from agentgym.policies.sampling import token_logprobs
 
 
@@ -26,7 +27,8 @@ class HFPolicy:
     """A transformers model behind the :class:`~agentgym.policies.base.Policy` interface.
 
     Args:
-        model: alias (``smollm2-135m``), ``.gguf`` file, local folder or Hugging Face id.
+        model: alias (``smollm2-135m``), ``.gguf`` file, local folder, training run folder
+            (or one of its ``checkpoints/step-N``) or Hugging Face id.
         device: ``"cuda"`` when available, else ``"cpu"``.
         dtype: torch dtype or its name; bf16 on GPU, fp32 on CPU by default.
         max_batch_size: requests decoded together at most.
@@ -44,15 +46,12 @@ class HFPolicy:
         batch_wait_ms: float = 5.0,
         name: str | None = None,
     ) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         self.name = name or model
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        path = resolve_model(model)
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=_dtype(dtype, self.device), device_map=str(self.device)
-        ).eval()
+        loaded = load_causal_lm(model, dtype=_dtype(dtype, self.device), device=str(self.device))
+        self.tokenizer, self.model = loaded.tokenizer, loaded.model
+        self.source: ModelSource = loaded.source
+        """Where the weights came from (``source.describe()`` hashes them for results files)."""
         self.stop_ids = stop_token_ids(self.tokenizer, self.model.generation_config)
         self.context_window: int | None = getattr(self.model.config, "max_position_embeddings", None)
         """Tokens the model attends to at most; rollouts end an episode before passing it."""

@@ -1,0 +1,104 @@
+"""Training runs as models: a run folder (its newest complete checkpoint, or ``step``) or
+one of its ``checkpoints/step-N`` folders loads as the run's base model (``model`` in its
+``config.yaml``, with that model's tokenizer) plus the checkpoint's trained weights: LoRA
+adapters rebuilt from the run's LoRA settings and merged in, or every weight for a run
+that trained all of them. The result is a plain ``transformers`` model, as fast as the
+base model; ``agentgym export`` saves it as a standalone Hugging Face folder.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import yaml
+
+from agentgym.trainers.checkpoint import CHECKPOINTS, RunDir, checkpoint_problem, load_trainable
+
+RUN_CONFIG = "config.yaml"
+LORA_FIELDS = ("lora", "lora_rank", "lora_alpha", "lora_targets", "lora_layers")
+"""The run settings that shape the trained parameters (``trainers/learner.py: adapt``)."""
+
+
+@dataclass(frozen=True)
+class RunCheckpoint:
+    run: Path
+    """The run folder (``config.yaml``, ``metrics.jsonl``, ``checkpoints/``)."""
+    folder: Path
+    """The complete checkpoint folder (``checkpoints/step-N``)."""
+    step: int
+    config: dict[str, Any]
+    """The run's resolved config, as saved."""
+
+    @property
+    def base_model(self) -> str:
+        """The model the run trained: an alias, hub id or folder (relative to where the run
+        was started, like every path in the config)."""
+        return str(self.config["model"])
+
+
+def is_run(path: Path) -> bool:
+    """A training run folder: a ``config.yaml`` where a model folder has ``config.json``."""
+    return (path / RUN_CONFIG).is_file() and not (path / "config.json").is_file()
+
+
+def find_checkpoint(spec: str | Path, step: int | None = None) -> RunCheckpoint | None:
+    """The checkpoint ``spec`` names: a run folder's newest complete one (or ``step``'s), or
+    a ``checkpoints/step-N`` folder of a run. None when ``spec`` is neither; ValueError for
+    a run without a complete checkpoint (or without ``step``), or a torn checkpoint."""
+    path = Path(spec).expanduser()
+    if is_run(path):
+        run = RunDir(path, create=False)
+        folder = run.checkpoint_at(step) if step is not None else run.latest_checkpoint()
+        if folder is None:
+            raise ValueError(f"{path} is a training run with no complete checkpoint yet")
+    elif path.is_dir() and path.parent.name == CHECKPOINTS and is_run(path.parent.parent):
+        if step is not None:
+            raise ValueError(f"{path} is one checkpoint already: give its run folder to pick a step")
+        if problem := checkpoint_problem(path):
+            raise ValueError(f"checkpoint {path} is not complete: {problem}")
+        run, folder = RunDir(path.parent.parent, create=False), path
+    else:
+        return None
+    config = yaml.safe_load((run.path / RUN_CONFIG).read_text()) or {}
+    if not isinstance(config, dict) or "model" not in config:
+        raise ValueError(f"{run.path / RUN_CONFIG} does not name the run's model")
+    state = json.loads((folder / "state.json").read_text())
+    return RunCheckpoint(run.path, folder, int(state["step"]), config)
+
+
+def load_checkpoint_model(
+    checkpoint: RunCheckpoint, *, dtype: Any = None, device: str = "cpu", spec: str | None = None
+) -> Any:
+    """The run's base model with the checkpoint's trained weights merged in, its tokenizer
+    and where they came from (a :class:`~agentgym.policies.models.LoadedModel`)."""
+    from agentgym.policies.models import LoadedModel, ModelSource, load_causal_lm
+    from agentgym.trainers.learner import adapt
+
+    base = load_causal_lm(checkpoint.base_model, dtype=dtype, device=device)
+    settings = lora_settings(checkpoint.config)
+    model = adapt(base.model, settings)
+    trained = load_trainable(checkpoint.folder)
+    expected = {name for name, p in model.named_parameters() if p.requires_grad}
+    if set(trained) != expected:
+        unknown, missing = sorted(set(trained) - expected), sorted(expected - set(trained))
+        raise ValueError(
+            f"checkpoint {checkpoint.folder} does not fit {checkpoint.base_model} with the run's "
+            f"LoRA settings: unknown {unknown[:3]}, missing {missing[:3]}"
+        )
+    model.load_state_dict(trained, strict=False)
+    if settings.lora:
+        model = model.merge_and_unload()
+    source = ModelSource(spec or str(checkpoint.folder), base.source.path, str(checkpoint.folder))
+    return LoadedModel(model.eval(), base.tokenizer, source)
+
+
+def lora_settings(config: dict[str, Any]) -> SimpleNamespace:
+    """The run's LoRA settings; ``TrainConfig``'s defaults for keys an older run lacks."""
+    from agentgym.trainers.config import TrainConfig
+
+    defaults = TrainConfig()
+    return SimpleNamespace(**{name: config.get(name, getattr(defaults, name)) for name in LORA_FIELDS})

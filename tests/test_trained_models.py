@@ -1,0 +1,198 @@
+"""From a training run to a model you can use (issue 21), as a user runs it: a tiny run
+trained with `agentgym train`, then `agentgym eval --model RUN` on the test split,
+`agentgym export` to a folder plain `transformers` loads and generates with, and
+`agentgym serve-model --model RUN` over HTTP. Also: checkpoint retention in a real run,
+and the fast, clear errors for a model that is not there. A two-layer random Llama with
+SmolLM2's tokenizer keeps it cheap."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from conftest import read_until, run_metrics
+from test_trainer_recipes import train
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from typer.testing import CliRunner
+
+from agentgym.cli import app
+from agentgym.policies.hf import HFPolicy
+from agentgym.servers.launcher import free_port
+from agentgym.trajectory import SCHEMA_VERSION, read_jsonl
+
+runner = CliRunner()
+
+RUN_SETTINGS = {  # on top of test_trainer_recipes.TINY
+    "bc_steps": 2,  # cloning moves the adapters whatever the (random) model earns
+    "bc_batch_size": 2,
+    "max_turns": 1,
+    "eval_every": 1,
+    "keep_checkpoints": 1,
+}
+EVAL_ARGS = ["--n", "2", "--max-turns", "1", "--max-new-tokens", "4"]
+
+
+def cli(*args: str) -> tuple[int, str]:
+    """Exit code and output, its whitespace runs made single spaces (rich wraps long lines)."""
+    result = runner.invoke(app, list(args))
+    return result.exit_code, " ".join(result.output.split())
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_model_dir: Path, choice_url: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished 3-step run (2 cloning steps, 1 GRPO step) of the tiny model on `choice`."""
+    run = tmp_path_factory.mktemp("runs") / "grpo-choice"
+    code, output = train(run, "grpo", tiny_model_dir, env="choice", env_url=choice_url, **RUN_SETTINGS)
+    assert code == 0, output
+    return run
+
+
+def test_a_run_keeps_its_newest_checkpoint_and_its_best(tiny_run: Path) -> None:
+    history = run_metrics(tiny_run)
+    assert [r["step"] for r in history] == [1, 2, 3]
+    best = max((r["eval_success_rate"], r["step"]) for r in history if "eval_success_rate" in r)[1]
+    kept = sorted(p.name for p in (tiny_run / "checkpoints").glob("step-*"))
+    assert kept == sorted({f"step-{best:06d}", "step-000003"})  # keep_checkpoints=1, plus the best
+
+
+def test_eval_takes_a_run_folder_or_a_checkpoint(tiny_run: Path, choice_url: str, tmp_path: Path) -> None:
+    for model, out in [
+        (tiny_run, tmp_path / "run"),
+        (tiny_run / "checkpoints" / "step-000003", tmp_path / "ckpt"),
+    ]:
+        code, output = cli("eval", "--env", "choice", "--url", choice_url, "--model", str(model), "--format",
+                           "plain", *EVAL_ARGS, "--out", str(out))  # fmt: skip
+        assert code == 0, output
+        results = json.loads((out / "results.json").read_text())
+        assert results["episodes"] == 2 and results["errored"] == 0 and results["split"] == "test"
+        assert results["model"]["spec"] == str(model)
+        assert results["model"]["checkpoint"] == str(tiny_run / "checkpoints" / "step-000003")
+        assert len(results["model"]["sha256"]) == 64
+    hashes = {
+        json.loads((tmp_path / o / "results.json").read_text())["model"]["sha256"] for o in ("run", "ckpt")
+    }
+    assert len(hashes) == 1  # the same weights, named two ways
+
+
+def test_export_writes_a_folder_plain_transformers_loads(
+    tiny_run: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "export"
+    code, output = cli("export", str(tiny_run), "--out", str(out))
+    assert code == 0, output
+    assert {"model.safetensors", "config.json", "tokenizer.json", "README.md"} <= {
+        p.name for p in out.iterdir()
+    }
+    card = (out / "README.md").read_text()
+    assert "step 3" in card and "eval_success_rate" in card and "algo: grpo" in card  # figures and config
+
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    ids = tokenizer("You see a red door.", return_tensors="pt").input_ids
+    generated = model.generate(ids, max_new_tokens=3, do_sample=False)
+    assert generated.shape[1] == ids.shape[1] + 3
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    served = HFPolicy(str(tiny_run), device="cpu")
+    asyncio.run(served.close())
+    with torch.no_grad():
+        exported, trained, untrained = (m(ids).logits for m in (model, served.model, base))
+    assert torch.allclose(exported, trained, atol=1e-5)  # the export is the run's model
+    assert not torch.allclose(exported, untrained, atol=1e-4)  # with the trained weights merged in
+
+    code, output = cli("export", str(tiny_run), "--out", str(out))
+    assert code == 2 and "not an empty folder" in output  # never overwrites
+    code, output = cli("export", str(tiny_run), "--step", "1", "--out", str(tmp_path / "gone"))
+    assert code == 2 and "no checkpoint of step 1" in output and not (tmp_path / "gone").exists()
+
+
+def test_serve_model_serves_a_run_over_the_openai_api(tiny_run: Path) -> None:
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "agentgym.cli",
+        "serve-model",
+        "--model",
+        str(tiny_run),
+        "--port",
+        str(port),
+    ]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        output = read_until(server, "Uvicorn running", timeout=120)
+        assert "Uvicorn running" in output, output
+        base = f"http://127.0.0.1:{port}/v1"
+        assert httpx.get(f"{base}/models").json()["data"][0]["id"] == str(tiny_run)
+        body = {
+            "messages": [{"role": "user", "content": "Pick a colour."}],
+            "max_tokens": 3,
+            "temperature": 0,
+        }
+        reply = httpx.post(f"{base}/chat/completions", json=body, timeout=60)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["usage"]["completion_tokens"] >= 1
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_eval_records_schema_seed_commit_and_per_challenge_figures(
+    tiny_model_dir: Path, textworld_url: str, tmp_path: Path
+) -> None:
+    code, output = cli("eval", "--env", "textworld", "--url", textworld_url, "--model", str(tiny_model_dir),
+                       "--n", "4", "--max-turns", "1", "--max-new-tokens", "4", "--seed", "7", "--out",
+                       str(tmp_path))  # fmt: skip
+    assert code == 0, output
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["seed"] == 7 and results["config"]["seed"] == 7 and results["config"]["n"] == 4
+    assert len(results["git_commit"]) == 40 and results["model"]["path"] == str(tiny_model_dir)
+    # A random model writes no "Action:" line: every reply is invalid, and the summary says so.
+    assert results["invalid_reply_rate"] == 1.0 and "invalid_reply_rate" in output
+    families = {"tw-coin_collector", "tw-treasure_hunter", "tw-simple", "tw-cooking"}
+    assert set(results["by_family"]) == families and all(f in output for f in families)
+    assert all(figures["episodes"] == 1 for figures in results["by_family"].values())
+    records = list(read_jsonl(tmp_path / "trajectories.jsonl"))
+    assert [r["schema_version"] for r in records] == [SCHEMA_VERSION] * 4
+
+
+def test_eval_exits_non_zero_when_the_model_is_unreachable(textworld_url: str, tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    code, output = cli("eval", "--env", "textworld", "--url", textworld_url, "--policy", "openai", "--base-url",
+                       dead, "--model", "m", "--n", "2", "--max-turns", "1", "--out", str(tmp_path))  # fmt: skip
+    assert code == 3, output
+    assert "2 of 2 episodes failed for infrastructure reasons" in output
+    assert json.loads((tmp_path / "results.json").read_text())["error_kinds"] == {"error:generation": 2}
+
+
+@pytest.mark.parametrize("offline", [True, False])
+def test_an_unknown_model_name_fails_at_once_listing_the_aliases(offline: bool, tmp_path: Path) -> None:
+    """No hub answers here: offline mode, or a hub endpoint nobody listens on."""
+    hub = {"HF_HUB_OFFLINE": "1"} if offline else {"HF_ENDPOINT": f"http://127.0.0.1:{free_port()}"}
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_ENDPOINT")} | hub
+    verbs = [["eval", "--env", "choice"], ["train", "--env", "choice", "--out", str(tmp_path / "run")]]
+    for verb in verbs if offline else verbs[:1]:  # one process per case: each pays Python's start-up
+        command = [sys.executable, "-m", "agentgym.cli", *verb, "--model", "smollm2-1b"]
+        done = subprocess.run(
+            command, capture_output=True, text=True, env=env | {"COLUMNS": "300"}, timeout=120
+        )
+        message = " ".join((done.stdout + done.stderr).split())
+        assert done.returncode == 2, message
+        assert "'smollm2-1b' is not a known alias (smollm2-135m)" in message
+        assert ("HF_HUB_OFFLINE" if offline else "unreachable") in message
+    assert not (tmp_path / "run").exists()  # train made nothing before it checked
+
+
+def test_a_missing_model_folder_fails_at_once(tmp_path: Path) -> None:
+    missing = str(tmp_path / "no-such-model")
+    for verb in (["eval", "--out", str(tmp_path / "eval")], ["train", "--out", str(tmp_path / "run")]):
+        code, output = cli(*verb, "--env", "choice", "--model", missing)
+        assert code == 2 and f"no model folder {missing} (it does not exist)" in output
+    assert not (tmp_path / "run").exists() and not (tmp_path / "eval").exists()
