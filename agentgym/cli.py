@@ -64,7 +64,13 @@ def parse_settings(pairs: list[str]) -> dict[str, Any]:
     return settings
 
 
-def require_env(name: str) -> None:
+def require_env(name: str, url: str | None = None) -> None:
+    """Exit 2 unless ``name`` is a registered env. An OpenEnv server (``url`` a ws:// URL)
+    serves an env of its own: its name is checked against the server's instead."""
+    from agentgym.openenv_client import is_openenv_url
+
+    if url is not None and is_openenv_url(url):
+        return
     try:
         registry.resolve(name)
     except AgentGymError as exc:
@@ -303,7 +309,11 @@ BaseUrlOpt = Annotated[
 ApiKeyOpt = Annotated[str | None, typer.Option(envvar="OPENAI_API_KEY", help="API key for --policy openai.")]
 EnvUrlOpt = Annotated[
     str | None,
-    typer.Option("--url", help="Env server URL (default: start a local server for ENV, stop it after)."),
+    typer.Option(
+        "--url",
+        help="Env server URL (default: start a local server for ENV, stop it after); "
+        "ws://HOST:PORT: an OpenEnv server (docs/openenv.md).",
+    ),
 ]
 TokenOpt = Annotated[
     str | None, typer.Option(envvar="AGENTGYM_TOKEN", help="Bearer token of the env server.")
@@ -536,7 +546,7 @@ def evaluate_policy(
         infrastructure_failure,
     )
 
-    require_env(env)
+    require_env(env, url)
     _require_policy(policy)
     temperature = temperature if temperature is not None else (0.0 if k == 1 else 1.0)
     out = out or Path("runs/eval") / f"{env}-{split}-{policy}-{time.strftime('%Y%m%d-%H%M%S')}"

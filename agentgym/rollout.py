@@ -40,6 +40,7 @@ from agentgym.agents import DEFAULT_FORMAT, AgentFormat, get_format, window, wit
 from agentgym.agents.tokens import TokenContext, oldest_version
 from agentgym.client import AsyncEnvClient, RetryPolicy
 from agentgym.errors import AgentGymError, InvalidAction
+from agentgym.openenv_client import OpenEnvClient, env_client
 from agentgym.policies.base import Generation, GenerationRequest, Policy, SamplingParams
 from agentgym.trajectory import Trajectory
 from agentgym.wire import Metadata, StepResult
@@ -120,7 +121,7 @@ def env_error_kind(exc: BaseException) -> str:
 class RunContext:
     """What all episodes of one run share."""
 
-    client: AsyncEnvClient
+    client: AsyncEnvClient | OpenEnvClient
     policy: Policy
     agent: AgentFormat
     config: RolloutConfig
@@ -449,14 +450,14 @@ class Rollouts:
         self.config = config or RolloutConfig()
         _check(self.config)
         self._token = token
-        self._client: AsyncEnvClient | None = None
+        self._client: AsyncEnvClient | OpenEnvClient | None = None
         self._metadata: Metadata | None = None
         self._paused: list[Episode] = []
 
     async def __aenter__(self) -> Rollouts:
         """Open the client and read ``/metadata``; raises when that fails (nothing can be
         played)."""
-        client = AsyncEnvClient(
+        client = env_client(
             self.url, token=self._token, timeout=self.config.env_timeout, retry=self.config.env_retry
         )
         try:
@@ -544,7 +545,7 @@ def _check(config: RolloutConfig) -> None:
 
 
 def _run_context(
-    client: AsyncEnvClient, policy: Policy, config: RolloutConfig, metadata: Metadata
+    client: AsyncEnvClient | OpenEnvClient, policy: Policy, config: RolloutConfig, metadata: Metadata
 ) -> RunContext:
     agent = get_format(config.format)
     max_turns = config.max_turns or metadata.max_turns

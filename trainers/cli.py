@@ -57,7 +57,7 @@ def train(
         resolved = _resolve_config(algo, schedule, env, model, config, parse_settings(settings), out, resume)
     except (ValueError, FileNotFoundError, yaml.YAMLError) as exc:
         raise fail(str(exc), 2) from None
-    require_env(resolved.env)
+    require_env(resolved.env, resolved.env_url)
     try:  # within seconds, before the run folder or any server exists
         check_model(resolved.model)
     except ModelNotAvailable as exc:

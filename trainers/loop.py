@@ -28,6 +28,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from agentgym.client import EnvClient
+from agentgym.openenv_client import is_openenv_url, openenv_task_ids
 from agentgym.policies.hf import HFPolicy
 from agentgym.trainers import heldout
 from agentgym.trainers.batch import TokenBatch
@@ -216,9 +217,12 @@ class Trainer:
         self.tokenizer = policy.tokenizer
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.learner = Learner(config, policy, self.dp)
-        with EnvClient(self.url) as client:
-            self.train_tasks = [t.task_id for t in client.tasks(split="train", limit=10_000).tasks]
-            self.test_tasks = [t.task_id for t in client.tasks(split="test", limit=10_000).tasks]
+        if is_openenv_url(self.url):  # an OpenEnv env: its tasks are seeds
+            self.train_tasks, self.test_tasks = openenv_task_ids("train"), openenv_task_ids("test")
+        else:
+            with EnvClient(self.url) as client:
+                self.train_tasks = [t.task_id for t in client.tasks(split="train", limit=10_000).tasks]
+                self.test_tasks = [t.task_id for t in client.tasks(split="test", limit=10_000).tasks]
         generator = self.complete(start_generator(config, self.learner, self.url))
         self.collector = Collector(
             config, self.learner, generator, self.runner, self.dp, self.train_tasks, self.run_dir.path
