@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from conftest import run_metrics
+from test_trainer_recipes import train
 from typer.testing import CliRunner
 
 from agentgym.cli import app
@@ -150,23 +151,8 @@ def test_agentgym_eval_scores_an_openenv_env(guess_url: str, tmp_path: Path) -> 
 def test_agentgym_train_runs_an_rl_step_on_an_openenv_env(
     guess_url: str, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    settings = {
-        "env": "guess-number",
-        "env_url": guess_url,
-        "bc_steps": 0,
-        "steps": 1,
-        "tasks_per_step": 2,
-        "group_size": 2,
-        "minibatch_size": 4,
-        "micro_batch_size": 2,
-        "max_new_tokens": 4,
-        "agent_format": "plain",
-        "eval_every": 0,
-    }
-    args = ["train", "--algo", "grpo", "--schedule", "fixed", "--model", str(tiny_model_dir)]
-    args += ["--out", str(tmp_path), *(f"--set={key}={value}" for key, value in settings.items())]
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
+    code, output = train(tmp_path, "grpo", tiny_model_dir, env="guess-number", env_url=guess_url)
+    assert code == 0, output
     history = run_metrics(tmp_path)
     assert len(history) == 1 and history[0]["phase"] != "bc" and history[0]["episodes"] == 4
     played = list(read_jsonl(tmp_path / "rollouts" / "step-000001.jsonl"))
