@@ -482,13 +482,20 @@ def _results_table(results: dict[str, Any]) -> Table:
 
 def _families_table(results: dict[str, Any]) -> Table:
     """One row per challenge (task family: the task id up to its first ``/``)."""
-    columns = ["episodes", "success_rate", "mean_score", "mean_turns", "invalid_reply_rate", "errored"]
-    table = Table(title="per challenge")
+    columns = {  # short headers: the table must fit 80 columns
+        "episodes": "episodes",
+        "success_rate": "success",
+        "mean_score": "score",
+        "mean_turns": "turns",
+        "invalid_reply_rate": "invalid",
+        "errored": "errored",
+    }
+    table = Table(title="per challenge (invalid: share of replies that did not parse)")
     table.add_column("challenge", no_wrap=True)  # squeeze the figures, never the names
-    for column in columns:
-        table.add_column(column)
+    for header in columns.values():
+        table.add_column(header)
     for family, figures in results["by_family"].items():
-        table.add_row(family, *(_show(figures[c]) for c in columns))
+        table.add_row(family, *(_show(figures[key]) for key in columns))
     return table
 
 
