@@ -74,12 +74,19 @@ def test_alias_is_converted_once_and_reused(policy: HFPolicy, monkeypatch: pytes
     assert second.tokenizer.eos_token == policy.tokenizer.eos_token
 
 
-def test_folders_and_hub_ids_pass_through(tmp_path: Path) -> None:
+def test_model_folders_pass_through_and_other_specs_fail_fast(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from huggingface_hub import constants
+
+    (tmp_path / "config.json").write_text("{}")
     assert model_specs.resolve_model(str(tmp_path)) == str(tmp_path)
-    assert (
-        model_specs.resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct")
-        == "HuggingFaceTB/SmolLM2-135M-Instruct"
-    )
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(model_specs.ModelNotAvailable, match="neither a model folder"):
+        model_specs.resolve_model(str(tmp_path / "empty"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # neither cached nor downloadable
+    with pytest.raises(model_specs.ModelNotAvailable, match=r"not a known alias \(smollm2-135m\)"):
+        model_specs.resolve_model("HuggingFaceTB/no-such-model")
 
 
 def test_missing_alias_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
