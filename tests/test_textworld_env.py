@@ -117,7 +117,7 @@ def test_expert_recovers_after_a_detour(cache: Path) -> None:
 
 def test_task_lists_ids_and_splits() -> None:
     env = TextWorldEnv(cache_dir="/nonexistent-never-generated")
-    assert env.splits() == {"train": 32, "test": 16}
+    assert env.splits() == {"train": 32, "test": 32}
     train, test = env.tasks("train"), env.tasks("test")
     # Ids are part of the public contract: pin the first few.
     assert [t.task_id for t in train[:5]] == [
@@ -129,7 +129,7 @@ def test_task_lists_ids_and_splits() -> None:
     ]
     assert test[0].task_id == f"tw-coin_collector/level1/s{TEST_SEED_OFFSET}"
     assert {t.meta["seed"] for t in train}.isdisjoint(t.meta["seed"] for t in test)
-    assert len({t.task_id for t in train + test}) == 48
+    assert len({t.task_id for t in train + test}) == 64
     assert {t.meta["challenge"] for t in train} == set(CHALLENGES)
     assert train[3].meta["settings"]["split"] == "train"
     assert test[3].meta["settings"]["split"] == "test"
