@@ -27,7 +27,6 @@ entropy of the last update, and mean wall time per run.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +37,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agentgym.trainers import heldout
+from agentgym.trainers.checkpoint import MetricsLog
 from agentgym.trainers.config import TrainConfig
 
 BC_ARM = "bc-continued"
@@ -186,16 +186,7 @@ def _final_outcomes(folder: Path) -> dict[str, float]:
 
 
 def _records(folder: Path) -> list[dict[str, Any]]:
-    path = folder / "metrics.jsonl"
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line torn by an interrupted run
-    return records
+    return MetricsLog(folder / "metrics.jsonl").read()  # a line torn by an interrupted run is skipped
 
 
 def _total_steps(folder: Path) -> int | None:
