@@ -1,9 +1,10 @@
-"""docker/: the compose file and the Dockerfile, checked without a Docker engine.
+"""compose.yaml and docker/Dockerfile, checked without a Docker engine (bench/docker_check.py
+builds and runs them for real: ``make docker-check``).
 
 Every service command is parsed by the real CLI (an unknown subcommand, option or bad
 value fails), ports are unique, healthchecks exist and really pass against a live server,
-the gateway depends on every env server, and every image target exists and installs
-only its own env's extra.
+the gateway depends on every env server, and every image target exists, installs
+only its own env's extra and ships no compiler.
 """
 
 from __future__ import annotations
@@ -42,15 +43,19 @@ def interpolate(value: Any) -> Any:
     return value
 
 
-COMPOSE = interpolate(yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text()))
+COMPOSE = interpolate(yaml.safe_load((ROOT / "compose.yaml").read_text()))
 SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
 ENV_SERVICES = {name: s for name, s in SERVICES.items() if name != GATEWAY}
 
 
 def dockerfile_stages() -> dict[str, str]:
-    """Stage name -> its lines (``FROM ... AS name`` up to the next ``FROM``)."""
+    """Stage name -> its lines (``FROM parent AS name`` up to the next ``FROM``)."""
     stages = re.split(r"^FROM ", DOCKERFILE, flags=re.M)[1:]
     return {re.match(r"\S+ AS (\S+)", stage).group(1): stage for stage in stages}
+
+
+def parent_of(stage: str) -> str:
+    return stage.split(None, 1)[0]
 
 
 def parse_cli(argv: list[str], environment: dict[str, str]) -> tuple[str, dict[str, Any]]:
@@ -148,15 +153,19 @@ def test_the_healthchecks_pass_against_a_live_server_and_fail_without_one() -> N
 def test_image_targets_exist_install_only_their_extra_and_run_as_non_root() -> None:
     stages = dockerfile_stages()
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    for name, service in SERVICES.items():
-        assert service["build"]["target"] in stages, name
-    for target, lines in stages.items():
-        if target == "base":
-            assert "pip install" not in lines  # dependencies belong to each target
-            continue
-        installs = re.findall(r'pip install "?\.(\[[\w,-]+\])?', lines)
-        wanted = "" if target == "core" else f"[{target}]"
-        assert installs == [wanted], (target, installs)
+    targets = {service["build"]["target"] for service in SERVICES.values()}
+    for target in targets:
+        final, venv = stages[target], stages[f"{target}-venv"]
+        # the image is base + its venv: no compiler, no pip install of its own
+        assert parent_of(final) == "base", target
+        assert f"COPY --from={target}-venv /opt/venv /opt/venv" in final, target
+        assert "pip install" not in final and "build-essential" not in final, target
+        assert re.search(r"^USER agentgym$", final, re.M), f"{target} runs as root"
+        # its venv stage has the compiler (builder) and installs the package with its extra only
+        assert parent_of(venv) == "builder", target
+        installs = re.findall(r'pip install "?\.(\[[\w,-]+\])?', venv)
+        assert installs == ["" if target == "core" else f"[{target}]"], (target, installs)
         assert target == "core" or target in extras
-        assert re.search(r"^USER agentgym$", lines, re.M), f"{target} runs as root"
+    assert "pip install" not in stages["base"] + stages["builder"]  # dependencies belong to each venv
+    assert "build-essential" in stages["builder"]
     assert re.search(r"^HEALTHCHECK ", stages["base"], re.M)
