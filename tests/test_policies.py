@@ -291,3 +291,65 @@ def test_vllm_is_optional() -> None:
     if importlib.util.find_spec("vllm") is None:
         with pytest.raises(ImportError, match=r"agentgym-platform\[vllm\]"):
             make_policy("vllm")
+
+
+# ----- prefix reuse ------------------------------------------------------------------------
+
+
+def _two_turns(batcher: ContinuousBatcher, policy: HFPolicy) -> list[Generation]:
+    """Two two-turn conversations of different lengths, each turn's two prompts submitted
+    together: every second prompt starts with its first prompt and reply."""
+    conversations = [[{"role": "user", "content": q}] for q in (QUESTIONS[2], QUESTIONS[1])]
+    firsts = [batcher.submit(policy.prompt_ids(m), GREEDY) for m in conversations]
+    firsts = [future.result(timeout=120) for future in firsts]
+    for messages, first in zip(conversations, firsts, strict=True):
+        messages += [
+            {"role": "assistant", "content": first.text},
+            {"role": "user", "content": "The fridge is closed. What now?"},
+        ]
+    seconds = [batcher.submit(policy.prompt_ids(m), GREEDY) for m in conversations]
+    return firsts + [future.result(timeout=120) for future in seconds]
+
+
+def test_a_later_turn_encodes_only_its_new_tokens_and_answers_the_same(policy: HFPolicy) -> None:
+    reusing = ContinuousBatcher(policy.model, policy.tokenizer, policy.stop_ids, batch_wait_s=0.5)
+    fresh = ContinuousBatcher(
+        policy.model, policy.tokenizer, policy.stop_ids, prefix_cache=0, batch_wait_s=0.5
+    )
+    try:
+        with_reuse, without = _two_turns(reusing, policy), _two_turns(fresh, policy)
+    finally:
+        reusing.close()
+        fresh.close()
+    assert [g.token_ids for g in with_reuse] == [g.token_ids for g in without]
+    for a, b in zip(with_reuse, without, strict=True):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-3)
+    assert fresh.stats.reused_tokens == 0
+    # The second turn reused at least the whole first prompt; only its new tokens were encoded.
+    assert reusing.stats.reused_tokens >= len(policy.prompt_ids([{"role": "user", "content": QUESTIONS[2]}]))
+    assert reusing.stats.prompt_tokens < fresh.stats.prompt_tokens - reusing.stats.reused_tokens // 2
+
+
+def test_a_group_of_identical_prompts_is_encoded_once(policy: HFPolicy) -> None:
+    batcher = ContinuousBatcher(policy.model, policy.tokenizer, policy.stop_ids, batch_wait_s=0.5)
+    prompt = policy.prompt_ids(ask(QUESTIONS[2]).messages)
+    try:
+        futures = [batcher.submit(prompt, GREEDY) for _ in range(4)]
+        replies = [future.result(timeout=120) for future in futures]
+    finally:
+        batcher.close()
+    assert len({tuple(r.token_ids) for r in replies}) == 1
+    assert batcher.stats.prompt_tokens < 2 * len(prompt)  # once (or once plus a reused tail), never 4 times
+
+
+def test_new_weights_are_never_served_old_prefixes(policy: HFPolicy) -> None:
+    batcher = ContinuousBatcher(policy.model, policy.tokenizer, policy.stop_ids)
+    prompt = policy.prompt_ids(ask(QUESTIONS[0]).messages)
+    try:
+        batcher.submit(prompt, GREEDY).result(timeout=120)
+        batcher.version += 1  # what a weight update does
+        batcher.submit(prompt, GREEDY).result(timeout=120)
+    finally:
+        batcher.close()
+    assert batcher.stats.reused_tokens == 0
+    assert batcher.stats.prompt_tokens == 2 * len(prompt)

@@ -15,8 +15,13 @@ Every sampled token records the weights version (:attr:`ContinuousBatcher.versio
 the forward that computed its logits, so a trainer that updates the weights between two
 steps knows exactly which weights sampled each token (``Generation.versions``).
 
+Prompts that start with a sequence encoded earlier under the same weights (the previous
+turn of the same episode, or the same first prompt of a group of episodes) reuse its keys
+and values (:mod:`agentgym.policies.prefix_cache`), so a turn encodes only its new tokens.
+
 Caches that are not plain full-attention ``DynamicCache`` layers (sliding windows,
-recurrent state) cannot be merged; then newcomers wait until the live batch drains.
+recurrent state) cannot be merged; then newcomers wait until the live batch drains, and
+nothing is reused.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from agentgym.policies.base import Generation, SamplingParams
+from agentgym.policies.prefix_cache import CachedPrefix, PrefixCache
 from agentgym.policies.sampling import sample_next
 
 log = logging.getLogger(__name__)
@@ -44,7 +50,11 @@ class BatcherStats:
     """Counters for logs, benchmarks and tests."""
 
     prefills: int = 0
-    """Prefill forwards: each admits one group of newly queued requests."""
+    """Prefill forwards: each admits newly queued requests."""
+    prompt_tokens: int = 0
+    """Prompt tokens encoded by prefills."""
+    reused_tokens: int = 0
+    """Prompt tokens whose keys and values came from the prefix cache instead."""
     decode_steps: int = 0
     """Decode forwards (one token for every live row)."""
     requests: int = 0
@@ -69,6 +79,9 @@ class _Row:
     """The weights version of the forward that computed this row's current logits."""
     text: str | None = None
     """Set when a stop string cut the reply: the text before it."""
+    kv_version: int | None = None
+    """The weights version of every forward that wrote this row's cache, or -1 if they
+    differed (then the cache is not reusable)."""
 
     @property
     def last_position(self) -> int:
@@ -99,6 +112,9 @@ class ContinuousBatcher:
             to arrive before its first prefill.
         max_positions: context length of the model; a reply that reaches it ends with
             ``finish_reason="length"``.
+        prefix_cache: encoded sequences kept for reuse by later prompts that start with
+            them; default ``4 × max_batch_size`` (every live episode's last turn and
+            more); 0 turns reuse off.
     """
 
     def __init__(
@@ -109,6 +125,7 @@ class ContinuousBatcher:
         max_batch_size: int = 8,
         batch_wait_s: float = 0.005,
         max_positions: int | None = None,
+        prefix_cache: int | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
@@ -120,6 +137,7 @@ class ContinuousBatcher:
         self.max_positions = max_positions
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop_ids)
         self.stats = BatcherStats()
+        self.prefixes = PrefixCache(4 * max_batch_size if prefix_cache is None else prefix_cache)
         self.lock = threading.Lock()
         """Held around every forward pass; hold it to change the weights between steps."""
         self.version = 0
@@ -177,11 +195,25 @@ class ContinuousBatcher:
 
     def _admit(self, live: _LiveBatch | None, rows: list[_Row]) -> _LiveBatch | None:
         """Prefill ``rows`` and merge them into ``live``; a failed prefill (a prompt too
-        long for memory, say) fails only the newcomers."""
-        batch = self._guarded(rows, self._prefill, rows)
-        if batch is None:
-            return live
-        return batch if live is None else self._guarded(live.rows + rows, _merge, live, batch)
+        long for memory, say) fails only its newcomers. Rows with a cached prefix share
+        one forward that encodes only the rest of their prompts; the others share another."""
+        fresh, extended, prefixes = [], [], []
+        for row in rows:
+            length, prefix = self.prefixes.longest(row.prompt_ids, self.version)
+            if prefix is None:
+                fresh.append(row)
+            else:
+                extended.append(row)
+                prefixes.append((prefix, length))
+        batches = []
+        if extended:
+            batches.append(self._guarded(extended, self._extend, extended, prefixes))
+        if fresh:
+            batches.append(self._guarded(fresh, self._prefill, fresh))
+        for batch in batches:
+            if batch is not None:
+                live = batch if live is None else self._guarded(live.rows + batch.rows, _merge, live, batch)
+        return live
 
     def _guarded(self, rows: list[_Row], fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)``; on an error, fail ``rows`` (whose requests it served) and return
@@ -227,20 +259,77 @@ class ContinuousBatcher:
         return rows
 
     def _prefill(self, rows: list[_Row]) -> _LiveBatch:
-        width = max(len(row.prompt_ids) for row in rows)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids[i, width - len(row.prompt_ids) :] = torch.tensor(row.prompt_ids)
-            mask[i, width - len(row.prompt_ids) :] = 1
+        """Encode each distinct prompt once (a group's episodes start alike) and give
+        every row its copy; the prompts are cached for reuse."""
+        prompts = list(dict.fromkeys(tuple(row.prompt_ids) for row in rows))
+        width = max(len(prompt) for prompt in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            ids[i, width - len(prompt) :] = torch.tensor(prompt)
+            mask[i, width - len(prompt) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(
             input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
         )
         self.stats.prefills += 1
+        self.stats.prompt_tokens += int(mask.sum())
+        distinct = _LiveBatch([], out.past_key_values, mask, out.logits[:, -1, :])
+        for i, prompt in enumerate(prompts):
+            self._remember(list(prompt), distinct, i)
+        live = _select(distinct, [prompts.index(tuple(row.prompt_ids)) for row in rows], rows)
+        _stamp(rows, self.version)
+        return live
+
+    def _extend(self, rows: list[_Row], prefixes: list[tuple[CachedPrefix, int]]) -> _LiveBatch:
+        """Encode the tokens of each row's prompt after its cached prefix ``(entry, length)``.
+
+        The cache is the prefixes left-padded to one width, the input the rest of each
+        prompt left-padded to another, so a row's cache reads ``[pad | prefix | pad | rest]``:
+        the mask hides both pads and positions are given per row."""
+        heads = [prefix.head(length) for prefix, length in prefixes]
+        width = max(length for _, length in prefixes)
+        cache = DynamicCache()
+        for layer in range(len(heads[0])):
+            keys = torch.cat([_pad_left(head[layer][0], width, 2) for head in heads])
+            values = torch.cat([_pad_left(head[layer][1], width, 2) for head in heads])
+            cache.update(keys, values, layer)
+        rests = [row.prompt_ids[length:] for row, (_, length) in zip(rows, prefixes, strict=True)]
+        rest_width = max(len(rest) for rest in rests)
+        ids = torch.full((len(rows), rest_width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width + rest_width), dtype=torch.long)
+        positions = torch.zeros((len(rows), rest_width), dtype=torch.long)
+        for i, (rest, (_, length)) in enumerate(zip(rests, prefixes, strict=True)):
+            ids[i, rest_width - len(rest) :] = torch.tensor(rest)
+            mask[i, width - length : width] = 1
+            mask[i, width + rest_width - len(rest) :] = 1
+            positions[i, rest_width - len(rest) :] = torch.arange(length, length + len(rest))
+        ids, mask, positions = ids.to(self.device), mask.to(self.device), positions.to(self.device)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self.stats.prefills += 1
+        self.stats.prompt_tokens += sum(len(rest) for rest in rests)
+        self.stats.reused_tokens += sum(length for _, length in prefixes)
         _stamp(rows, self.version)
         return _LiveBatch(rows, out.past_key_values, mask, out.logits[:, -1, :])
+
+    def _remember(self, ids: list[int], live: _LiveBatch, index: int) -> None:
+        """Cache the keys and values of ``live``'s row ``index``, which encode ``ids``."""
+        if self.prefixes.capacity < 1 or not _mergeable(live.cache):
+            return
+        columns = live.mask[index].nonzero().flatten()
+        layers = [
+            (layer.keys[index : index + 1, :, columns], layer.values[index : index + 1, :, columns])
+            for layer in live.cache.layers
+        ]
+        self.prefixes.put(ids, layers, self.version)
 
     def _step(self, live: _LiveBatch) -> _LiveBatch | None:
         """Sample a token for every row, answer the finished rows, decode the rest."""
@@ -257,8 +346,11 @@ class ContinuousBatcher:
             reason = self._finish_reason(row)
             if reason is None:
                 keep.append(i)
-            else:
-                self._answer(row, reason)
+                continue
+            if row.kv_version == self.version:
+                # The cache holds every token but the one just sampled (never fed back).
+                self._remember(row.prompt_ids + row.token_ids[:-1], live, i)
+            self._answer(row, reason)
         self.stats.tokens += len(rows)
         if not keep:
             return None
@@ -327,11 +419,13 @@ def _started(rows: list[_Row]) -> list[_Row]:
 
 
 def _stamp(rows: list[_Row], version: int) -> None:
-    """Record which weights computed the rows' next-token logits. Called right after a
-    forward, under :attr:`ContinuousBatcher.lock`, so ``version`` is exactly the weights
-    that forward used, even when an update lands before the token is sampled."""
+    """Record which weights computed the rows' next-token logits (and wrote their cache).
+    Called right after a forward, under :attr:`ContinuousBatcher.lock`, so ``version`` is
+    exactly the weights that forward used, even when an update lands before the token is
+    sampled."""
     for row in rows:
         row.logits_version = version
+        row.kv_version = version if row.kv_version in (None, version) else -1
 
 
 def _fail(row: _Row, exc: BaseException) -> None:
@@ -356,8 +450,9 @@ def _merge(live: _LiveBatch, new: _LiveBatch) -> _LiveBatch:
     return _LiveBatch(live.rows + new.rows, live.cache, mask, torch.cat([live.logits, new.logits]))
 
 
-def _select(live: _LiveBatch, keep: list[int]) -> _LiveBatch:
-    """Keep rows ``keep``; drop cache columns that are padding in every remaining row."""
+def _select(live: _LiveBatch, keep: list[int], rows: list[_Row] | None = None) -> _LiveBatch:
+    """Keep rows ``keep`` (an index may repeat: the row is copied), as ``rows`` if given;
+    drop cache columns that are padding in every remaining row."""
     index = torch.tensor(keep, device=live.mask.device)
     live.cache.batch_select_indices(index)
     mask = live.mask[index]
@@ -367,7 +462,8 @@ def _select(live: _LiveBatch, keep: list[int]) -> _LiveBatch:
             mask = mask[:, first:]
             for layer in live.cache.layers:
                 layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
-    return _LiveBatch([live.rows[i] for i in keep], live.cache, mask, live.logits[index])
+    kept = [live.rows[i] for i in keep] if rows is None else rows
+    return _LiveBatch(kept, live.cache, mask, live.logits[index])
 
 
 def _pad_left(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
