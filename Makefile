@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-deps demo play test lint format bench fuzz clean
+.PHONY: setup system-deps demo play test lint format bench fuzz docker-base docker-check clean
 
 setup: $(STAMP)
 
@@ -59,6 +59,17 @@ bench: setup
 # Schemathesis against every env server and the gateway (minutes; prints requests tried and server errors).
 fuzz: setup
 	$(BIN)/python bench/fuzz.py
+
+# The base image built offline from Debian's packages (root, debootstrap, a Docker engine):
+# for machines that cannot pull python:3.11-slim. See docs/deployment.md.
+docker-base:
+	docker/offline-base.sh
+
+# Docker for real (a Docker engine; minutes, not part of `test`): build every image of
+# compose.yaml, start the fleet on free ports, check-env and an expert episode per env
+# through the gateway, tear down; prints image sizes and cold-start times.
+docker-check: setup
+	nice -n 19 $(BIN)/python bench/docker_check.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
