@@ -29,7 +29,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from agentgym.errors import AgentGymError, NotFound
-from agentgym.trainers.plot import PANELS
+from agentgym.trainers.plot import BY_PHASE, PANELS, RATES
 from agentgym.viewer.episode import episode_view
 from agentgym.viewer.index import EpisodeFilter, EpisodeIndex, page, read_metrics
 from agentgym.viewer.tokens import TokenDecoder, load_decoder
@@ -121,6 +121,8 @@ def create_app(
             "has_metrics": bool(metrics and metrics.exists()),
             "poll_s": poll_s,
             "panels": PANELS,  # the dashboard draws what `agentgym plot` draws
+            "rate_keys": sorted(RATES),  # drawn on a 0..1 axis
+            "phase_keys": sorted(BY_PHASE),  # one line per training phase (bc, rl, ...)
             **index.facets(),
         }
 

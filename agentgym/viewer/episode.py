@@ -89,6 +89,7 @@ def episode_view(
     last = messages[-1] if messages else None
     return {
         **summary,
+        "turn_count": summary["turns"],  # "turns" below is the list of turns
         "format": record.get("format"),
         "error": record.get("error"),
         "template_drift": record.get("template_drift", False),

@@ -52,6 +52,9 @@ class Summary:
     end_reason: str
     tokens: bool
     """The record carries token ids (a token-level policy played it)."""
+    ordinal: int = 0
+    """Position among the episodes of ``source`` (0-based): with ``source``, a name for the
+    episode that survives a restart of the viewer (the page's ``#source/ordinal`` links)."""
 
 
 @dataclass
@@ -77,7 +80,7 @@ def sniff_trajectory_file(path: Path) -> bool:
     return False
 
 
-def summarize(index: int, source: str, step: int | None, record: dict[str, Any]) -> Summary:
+def summarize(index: int, source: str, step: int | None, record: dict[str, Any], ordinal: int = 0) -> Summary:
     return Summary(
         id=index,
         source=source,
@@ -93,6 +96,7 @@ def summarize(index: int, source: str, step: int | None, record: dict[str, Any])
         turns=int(record.get("turns", 0)),
         end_reason=str(record.get("end_reason", "")),
         tokens=bool(record.get("token_ids")),
+        ordinal=ordinal,
     )
 
 
@@ -112,6 +116,7 @@ class EpisodeIndex:
         self._locations: list[_Location] = []
         self._scanned: dict[Path, int] = {}  # bytes consumed so far, per file
         self._rejected: set[Path] = set()  # JSONL files that are not trajectories
+        self._per_source: dict[str, int] = {}  # episodes indexed so far, per file
         self._lock = threading.Lock()
         self._last_refresh = 0.0
         self.refresh(force=True)
@@ -172,13 +177,15 @@ class EpisodeIndex:
             log.warning("%s: skipping a line at byte %d that is not a trajectory record", path, offset)
             return
         try:
-            summary = summarize(len(self.summaries), source, step, record)
+            ordinal = self._per_source.get(source, 0)
+            summary = summarize(len(self.summaries), source, step, record, ordinal)
         except (TypeError, ValueError, OverflowError) as exc:
             # A field of the wrong type ("sample": "x"): skip the line. Raising here would
             # leave the scan offset before it, so every later refresh would fail on it again.
             self.skipped_lines += 1
             log.warning("%s: skipping a record at byte %d with a malformed field: %s", path, offset, exc)
             return
+        self._per_source[source] = ordinal + 1
         self.summaries.append(summary)
         self._locations.append(_Location(path, offset, len(line)))
 

@@ -101,6 +101,27 @@ async function openEpisode(id) {
   const episode = await getJSON(`/api/episodes/${id}`);
   const pane = document.getElementById("detail-pane");
   pane.replaceChildren(comparePicker(episode), renderEpisode(episode));
+  const link = episodeLink(episode);
+  if (location.hash !== link) history.pushState(null, "", link);  // shareable; Back returns
+}
+
+// ----- deep links: #<file>/<n> is the n-th episode (0-based) of that file --------------
+// (file and position, not the index id, so a link still names the same episode after a restart)
+
+const episodeLink = (ep) => `#${encodeURI(ep.source)}/${ep.ordinal}`;
+
+async function openLinkedEpisode() {
+  const match = /^#(.+)\/(\d+)$/.exec(location.hash);
+  if (!match) return;
+  const params = new URLSearchParams({ source: decodeURI(match[1]), offset: match[2], limit: 1 });
+  const page = await getJSON(`/api/episodes?${params}`);
+  if (page.episodes.length) {
+    showTab("episodes");
+    await openEpisode(page.episodes[0].id);
+  } else {
+    document.getElementById("detail-pane").replaceChildren(
+      el("p", { class: "fail" }, `no episode ${match[2]} in ${decodeURI(match[1])}`));
+  }
 }
 
 function renderEpisode(ep) {
@@ -112,7 +133,7 @@ function renderEpisode(ep) {
       el("b", {}, `${ep.env} · ${ep.task_id}`),
       ep.step !== null ? ` · step ${ep.step}` : "",
       " · ", outcome(ep),
-      ` · score ${num(ep.score, 2)} · reward ${num(ep.reward, 2)} · ${ep.turns} turns · ${ep.end_reason}`,
+      ` · score ${num(ep.score, 2)} · reward ${num(ep.reward, 2)} · ${ep.turn_count} turns · ${ep.end_reason}`,
       el("div", { class: "muted" }, `${ep.source} · policy ${ep.policy} · format ${ep.format}`,
         ep.tokenizer ? ` · tokens decoded with ${ep.tokenizer}` : ""),
       ep.error ? el("div", { class: "fail" }, ep.error) : null,
@@ -128,20 +149,19 @@ function renderEpisode(ep) {
   return box;
 }
 
+// el() drops null children (Node.append would print them as the text "null").
 function renderTurn(turn) {
-  const card = el("div", { class: "turn", "data-turn": turn.index });
-  card.append(
+  return el("div", { class: "turn", "data-turn": turn.index },
     el("h4", {}, `turn ${turn.index + 1}`, turn.reward !== null ? ` · reward ${num(turn.reward, 2)}` : "",
       turn.mean_logprob !== null ? ` · mean log-prob ${num(turn.mean_logprob)}` : ""),
     turn.observation !== null ? el("pre", { class: "observation" }, turn.observation) : null,
     turn.thought !== null ? el("div", { class: "field thought" }, el("b", {}, "thought"), turn.thought) : null,
     el("div", { class: "field action" }, el("b", {}, "action"),
       turn.action ?? el("span", { class: "fail" }, "(reply did not parse)")),
+    // The reply as trained tokens when the record has them, else as text.
+    turn.tokens ? el("div", { class: "tokens reply" }, ...turn.tokens.map((t) => tokenSpan(t, true)))
+      : el("pre", { class: "reply" }, turn.reply),
   );
-  // The reply as trained tokens when the record has them, else as text.
-  card.append(turn.tokens ? el("div", { class: "tokens reply" }, ...turn.tokens.map((t) => tokenSpan(t, true)))
-    : el("pre", { class: "reply" }, turn.reply));
-  return card;
 }
 
 // Every token of the episode: prompt/observation tokens grey, trained (loss mask 1) highlighted.
@@ -160,17 +180,15 @@ function tokenSpan(token, trained) {
 }
 
 // Hovering a token shows its id, and for trained tokens its log-prob and probability.
+// (Charts run their own hover: see charts.js.)
 function showTooltip(event) {
-  const tip = document.getElementById("tooltip");
+  if (event.target.closest?.(".chart")) return;
   const tok = event.target.closest?.(".tok");
-  if (!tok) { tip.hidden = true; return; }
+  if (!tok) { document.getElementById("tooltip").hidden = true; return; }
   const lp = tok.dataset.logprob;
-  tip.textContent = lp !== undefined
+  placeTooltip(event, lp !== undefined
     ? `log-prob ${Number(lp).toFixed(4)} · p ${Math.exp(Number(lp)).toFixed(3)} · id ${tok.dataset.id}`
-    : `id ${tok.dataset.id} · not trained (loss mask 0)`;
-  tip.style.left = `${event.clientX + 12}px`;
-  tip.style.top = `${event.clientY + 12}px`;
-  tip.hidden = false;
+    : `id ${tok.dataset.id} · not trained (loss mask 0)`);
 }
 
 // ----- side-by-side comparison ---------------------------------------------------------
@@ -217,17 +235,22 @@ function drawDashboard() {
   const charts = document.getElementById("charts");
   charts.replaceChildren();
   for (const [title, lines] of panels()) {
-    const series = lines.map(([name, get]) => ({
-      name,
-      points: state.metrics
-        .map((row) => [row.step, get(row)])
-        .filter(([step, value]) => Number.isFinite(step) && Number.isFinite(value)),
-    }));
-    if (!series.some((s) => s.points.length)) continue;
+    const series = lines.flatMap(([name, get]) => seriesOf(name, get)).filter((s) => s.points.length);
+    if (!series.length) continue;
     const box = el("div", { class: "chart", "data-panel": title });
     charts.append(box);
-    drawChart(box, title, series);
+    drawChart(box, title, series, lines.every(([name]) => state.info.rate_keys.includes(name)));
   }
+}
+
+// One series; or, for the keys the server names (the loss), one per training phase
+// (bc, rl, ...): a behaviour-cloning NLL and an RL loss are different quantities.
+function seriesOf(name, get) {
+  const rows = state.metrics.filter((row) => Number.isFinite(row.step) && Number.isFinite(get(row)));
+  const points = (some) => some.map((row) => [row.step, get(row)]);
+  if (!state.info.phase_keys.includes(name)) return [{ name, points: points(rows) }];
+  const phases = [...new Set(rows.map((row) => row.phase ?? ""))];
+  return phases.map((phase) => ({ name: `${name} · ${phase}`, points: points(rows.filter((row) => (row.phase ?? "") === phase)) }));
 }
 
 // New rollouts appear while a run trains: refresh the menus and the current page.
@@ -274,7 +297,8 @@ async function main() {
   for (const tab of document.querySelectorAll(".tab")) tab.addEventListener("click", () => showTab(tab.dataset.tab));
   document.addEventListener("mouseover", showTooltip);
   if (state.info.run && !state.info.episodes) showTab("dashboard");
-  await Promise.all([loadPage(), pollMetrics()]);
+  window.addEventListener("popstate", openLinkedEpisode);  // Back/Forward, or a link typed in
+  await Promise.all([loadPage(), pollMetrics(), openLinkedEpisode()]);
   setInterval(() => { pollMetrics(); pollEpisodes(); }, state.info.poll_s * 1000);
   document.body.dataset.ready = "true";  // tests wait for this before interacting
 }
