@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import abc
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -70,6 +71,15 @@ class TextEnv(abc.ABC):
     default_max_turns: ClassVar[int] = 30
     action_rules: ClassVar[ActionRules] = ActionRules()
     """What the engine accepts as an action (see :mod:`agentgym.inputs`)."""
+    engine_process: ClassVar[bool] = False
+    """Servers host this env's engines in worker processes (``agentgym.servers.workers``):
+    set it for native or heavy engines, whose crash or hang must not take the server down."""
+    mirrored_attributes: ClassVar[tuple[str, ...]] = ()
+    """Read-only attributes a server reads on a worker-hosted engine without a call (sent
+    with every reply), e.g. sciworld's ``jvm_pid``."""
+    catalog_link: Callable[..., Any] | None = None
+    """Set by an engine worker process: runs a method of the server's catalog instance
+    (see :meth:`on_catalog`)."""
 
     def __init__(self, *, max_turns: int | None = None) -> None:
         self.max_turns = max_turns or self.default_max_turns
@@ -117,6 +127,17 @@ class TextEnv(abc.ABC):
         in the background and return at once. Servers call it on the catalog instance at
         start-up; it must be safe to call more than once."""
 
+    def warm_engines(self, count: int) -> None:
+        """Keep ``count`` engines started ahead of demand in this process (e.g. JVMs) and
+        return at once. Servers call it once in every process that hosts this env's engines
+        (each worker, or the server itself). Default: nothing to start ahead."""
+
+    @classmethod
+    def worker_config(cls, config: dict[str, Any], workers: int) -> dict[str, Any]:
+        """The constructor settings for each of ``workers`` engine worker processes: an env
+        whose settings are process-wide limits (JVMs at most) divides them here."""
+        return config
+
     def close(self) -> None:
         """Free the engine. Idempotent."""
 
@@ -125,6 +146,14 @@ class TextEnv(abc.ABC):
         a FastAPI ``APIRouter`` whose routes servers mount under :data:`WEB_PREFIX`, or
         ``None`` (the default) for none. Servers ask the catalog instance once, at start-up."""
         return None
+
+    def on_catalog(self, method: str, *args: Any) -> Any:
+        """Run ``method`` of the catalog instance, the one a server answers ``/tasks`` with:
+        state every session shares (a game cache and its generation queue) lives there. In
+        an engine worker process the server runs it; in-process, this instance does."""
+        if self.catalog_link is not None:
+            return self.catalog_link(method, *args)
+        return getattr(self, method)(*args)
 
     # ----- the contract, implemented once ------------------------------------------
 

@@ -35,7 +35,8 @@ from agentgym.servers.episodes import play_step, reset_kwargs
 from agentgym.servers.metrics import CONTENT_TYPE, ServerMetrics
 from agentgym.servers.middleware import BearerTokenMiddleware, BodySizeLimitMiddleware
 from agentgym.servers.openenv import openenv_routers
-from agentgym.servers.sessions import SessionManager
+from agentgym.servers.sessions import EngineHost, SessionManager, ThreadEngines
+from agentgym.servers.workers import WorkerEngines, default_workers
 from agentgym.wire import (
     CreateSessionRequest,
     ErrorResponse,
@@ -70,7 +71,13 @@ class ServerConfig:
     max_body_bytes: int = 64 * 1024
     """Larger request bodies get 413."""
     engine_threads: int = 16
-    """Threads that run blocking engine calls."""
+    """Threads that run blocking engine calls of envs hosted in the server process."""
+    engine_workers: int | None = None
+    """Worker processes hosting the engines of envs that set ``engine_process`` (see
+    :mod:`agentgym.servers.workers`); ``None``: one per CPU core; 0: threads of the server."""
+    warm: int | None = None
+    """Engines kept started ahead of demand (``TextEnv.warm_engines``), shared out among the
+    worker processes; ``None``: :func:`default_warm`."""
     step_deadline: float | None = 60.0
     """Seconds a step (or any engine call but a reset) may take before its session is
     failed with 503 ``engine_failed``; a backstop for engine hangs the input rules miss."""
@@ -85,13 +92,38 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
+def default_warm(max_sessions: int) -> int:
+    """Engines started ahead by default: two per CPU core (enough to keep the cores busy
+    while more start on demand), never more than the sessions the server takes."""
+    return min(max_sessions, 2 * default_workers())
+
+
+def engine_host(config: ServerConfig, catalog: TextEnv) -> EngineHost:
+    """Worker processes for envs that ask for them (``engine_process``), else threads."""
+    warm = default_warm(config.max_sessions) if config.warm is None else config.warm
+    if type(catalog).engine_process and config.engine_workers != 0:
+        workers = min(config.engine_workers or default_workers(), config.max_sessions)
+        return WorkerEngines(
+            registry.resolve(config.env),
+            type(catalog).worker_config(dict(config.env_config), workers),
+            catalog=catalog,
+            workers=workers,
+            threads=config.max_sessions,  # one per pinned session at most (created lazily)
+            warm=-(-warm // workers),
+        )
+    return ThreadEngines(
+        lambda: registry.make(config.env, **config.env_config),
+        config.engine_threads,
+        warm_up=lambda: catalog.warm_engines(warm),
+    )
+
+
 def create_app(config: ServerConfig) -> FastAPI:
     catalog = registry.make(config.env, **config.env_config)
     sessions = SessionManager(
-        lambda: registry.make(config.env, **config.env_config),
+        engine_host(config, catalog),
         max_sessions=config.max_sessions,
         ttl=config.ttl,
-        engine_threads=config.engine_threads,
         step_deadline=config.step_deadline,
         reset_deadline=config.reset_deadline,
     )
@@ -168,7 +200,7 @@ def _v1_router(config: ServerConfig, catalog: TextEnv, sessions: SessionManager,
         session = await sessions.open()
         try:
             observation, info = await sessions.call(
-                session, session.env.reset, deadline=sessions.reset_deadline, **kwargs
+                session, "reset", deadline=sessions.reset_deadline, **kwargs
             )
         except BaseException:
             with contextlib.suppress(AgentGymError):
@@ -185,9 +217,7 @@ def _v1_router(config: ServerConfig, catalog: TextEnv, sessions: SessionManager,
         current = session.env.current_task
         if current and not (body and (body.task_id or body.split or body.index is not None)):
             kwargs["task_id"] = current.task_id
-        observation, info = await sessions.call(
-            session, session.env.reset, deadline=sessions.reset_deadline, **kwargs
-        )
+        observation, info = await sessions.call(session, "reset", deadline=sessions.reset_deadline, **kwargs)
         return {"observation": observation, "info": info}
 
     @router.post("/sessions/{session_id}/step", response_model=StepResult)

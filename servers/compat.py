@@ -166,9 +166,7 @@ def compat_router(catalog: TextEnv, sessions: SessionManager) -> APIRouter:
         return sessions.get_compat(compat_id)
 
     async def start(session: Session, task_id: str | None) -> tuple[str, dict[str, Any]]:
-        return await sessions.call(
-            session, session.env.reset, task_id=task_id, deadline=sessions.reset_deadline
-        )
+        return await sessions.call(session, "reset", task_id=task_id, deadline=sessions.reset_deadline)
 
     def agentgym_task(index: int) -> Task:
         """Task number ``index`` as AgentGym's server of this env numbers them."""
@@ -228,9 +226,7 @@ def compat_router(catalog: TextEnv, sessions: SessionManager) -> APIRouter:
         """Play one action; ``done`` is terminated or truncated."""
         action = catalog.validate_action(body.action)  # before the engine thread: 400, session intact
         session = session_for(body.session)
-        observation, reward, terminated, truncated, info = await sessions.call(
-            session, session.env.step, action
-        )
+        observation, reward, terminated, truncated, info = await sessions.call(session, "step", action)
         response = {
             "observation": observation,
             "reward": reward,
@@ -249,7 +245,7 @@ def compat_router(catalog: TextEnv, sessions: SessionManager) -> APIRouter:
     async def available_actions(id: int | None = Query(None), env_idx: int | None = Query(None)) -> Any:
         """The actions valid now in session ``env_idx`` (or ``id``), in this env's dialect."""
         session = session_for(_either(id, env_idx))
-        actions = await sessions.call(session, lambda: session.env.available_actions() or [])
+        actions = await sessions.call(session, "available_actions") or []
         return dialect.available_actions(actions)
 
     @router.post("/close")

@@ -27,7 +27,7 @@ async def play_step(
     sessions: SessionManager, metrics: ServerMetrics, session: Session, action: str
 ) -> dict[str, Any]:
     """Play one already-validated action in ``session``; v1's step result as a dict."""
-    observation, reward, terminated, truncated, info = await sessions.call(session, session.env.step, action)
+    observation, reward, terminated, truncated, info = await sessions.call(session, "step", action)
     if terminated or truncated:
         metrics.episode_finished(terminated, bool(info.get("success")))
     return {

@@ -159,7 +159,7 @@ class OpenEnvProtocol:
     async def reset(self, session: Session, request: OpenEnvReset) -> dict[str, Any]:
         kwargs = reset_kwargs(self.catalog, request.v1())
         observation, info = await self.sessions.call(
-            session, session.env.reset, deadline=self.sessions.reset_deadline, **kwargs
+            session, "reset", deadline=self.sessions.reset_deadline, **kwargs
         )
         return _observation(observation, 0.0, False, False, info) | {"reward": None}
 

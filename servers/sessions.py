@@ -1,9 +1,11 @@
 """Sessions: one engine instance each, created, stepped, expired and freed here.
 
-Engine calls are blocking (a game interpreter, a JVM, a browser), so they run on a thread
-pool and never on the event loop. Calls on one session are serialized by its own lock;
-calls on different sessions run concurrently. Capacity is reserved before an engine is
-built, so a burst of creates can never overshoot ``max_sessions``.
+Engine calls are blocking (a game interpreter, a JVM, a browser), so they never run on the
+event loop: an :class:`EngineHost` runs them, either on a thread pool of this process
+(:class:`ThreadEngines`) or in worker processes (:class:`~agentgym.servers.workers.WorkerEngines`,
+for envs whose ``engine_process`` is set). Calls on one session are serialized by its own
+lock; calls on different sessions run concurrently. Capacity is reserved before an engine
+is built, so a burst of creates can never overshoot ``max_sessions``.
 """
 
 from __future__ import annotations
@@ -14,16 +16,110 @@ import itertools
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol
 
 from agentgym.core import TextEnv
 from agentgym.errors import AgentGymError, AtCapacity, EngineError, UnknownSession
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
+
+LOST_SESSIONS_KEPT = 4096
+"""Sessions lost with a dead worker whose next request still answers 503 (not 404)."""
+
+
+class EngineTimeout(RuntimeError):
+    """An engine call passed its deadline (the session manager answers 503)."""
+
+
+class EngineHost(Protocol):
+    """Where session engines live and their calls run. ``engine`` is whatever ``build``
+    returned; it has ``TextEnv``'s read-only state (``current_task``, ``turn``, ``done``,
+    ``last_observation``, ``last_info``) for the routes that read a session without a call."""
+
+    stuck_calls: int
+    on_lost: Callable[[list[Any], str], None]
+
+    async def start(self) -> None: ...
+    async def build(self, deadline: float | None) -> Any: ...
+    async def call(
+        self, engine: Any, name: str, args: tuple, kwargs: dict, deadline: float | None
+    ) -> Any: ...
+    def close(self, engine: Any) -> None: ...
+    async def shutdown(self) -> None: ...
+
+
+class ThreadEngines:
+    """Engines in this process, their calls on a thread pool. A call past its deadline
+    cannot be stopped (a thread stuck in C code cannot be killed): its thread stays busy
+    and its engine is closed in that thread if the call ever returns."""
+
+    def __init__(
+        self, factory: Callable[[], TextEnv], threads: int = 16, warm_up: Callable[[], None] | None = None
+    ) -> None:
+        self._factory = factory
+        self._warm_up = warm_up
+        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="engine")
+        self.stuck_calls = 0
+        """Engine calls past their deadline that have not returned yet."""
+        self.on_lost: Callable[[list[Any], str], None] = lambda engines, reason: None
+
+    async def start(self) -> None:
+        if self._warm_up is not None:
+            self._warm_up()
+
+    async def build(self, deadline: float | None) -> TextEnv:
+        return await self._run(self._factory, None, deadline)
+
+    async def call(
+        self, engine: TextEnv, name: str, args: tuple, kwargs: dict, deadline: float | None
+    ) -> Any:
+        return await self._run(lambda: _invoke(engine, name, args, kwargs), engine, deadline)
+
+    def close(self, engine: TextEnv) -> None:
+        """Close in a pool thread without waiting (the caller's session is already gone)."""
+        self._executor.submit(_close_logged, engine)
+
+    async def shutdown(self) -> None:
+        # Never wait for a stuck engine thread: shutdown must finish in bounded time.
+        self._executor.shutdown(wait=not self.stuck_calls, cancel_futures=True)
+
+    async def _run(self, work: Callable[[], Any], engine: TextEnv | None, deadline: float | None) -> Any:
+        future = self._executor.submit(work)
+        try:
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), deadline)
+        except TimeoutError:
+            self._close_when_done(engine, future)
+            raise EngineTimeout(f"the environment engine did not answer within {deadline:g}s") from None
+
+    def _close_when_done(self, engine: TextEnv | None, stuck: Future) -> None:
+        """Close the engine of a stuck call in that call's own thread once (if ever) it returns,
+        so nothing touches the engine while it runs."""
+        self.stuck_calls += 1
+
+        def close_when_done(done: Future) -> None:
+            self.stuck_calls -= 1
+            built = engine if engine is not None else (None if done.exception() else done.result())
+            if built is not None:
+                _close_logged(built)
+
+        stuck.add_done_callback(close_when_done)
+
+
+def _invoke(engine: Any, name: str, args: tuple, kwargs: dict) -> Any:
+    """``engine.name(*args, **kwargs)``, or the attribute's value when it is not a method."""
+    attribute = getattr(engine, name)
+    return attribute(*args, **kwargs) if callable(attribute) else attribute
+
+
+def _close_logged(engine: Any) -> None:
+    try:
+        engine.close()
+    except Exception:
+        log.exception("closing an engine failed")
 
 
 @dataclass
@@ -31,7 +127,8 @@ class Session:
     session_id: str
     compat_id: int
     """Integer id for the AgentGym-compatible routes."""
-    env: TextEnv
+    env: Any
+    """The engine handle of its host: a ``TextEnv``, or a worker's mirror of one."""
     created_at: float = field(default_factory=time.time)
     last_active: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -63,21 +160,21 @@ class SessionStats:
 class SessionManager:
     """Owns every live session of one server.
 
-    ``env_factory`` builds a fresh engine per session; ``ttl`` is the idle time (seconds)
-    after which a session is evicted and its engine closed.
+    ``host`` builds a fresh engine per session and runs its calls; ``ttl`` is the idle time
+    (seconds) after which a session is evicted and its engine closed.
     """
 
     def __init__(
         self,
-        env_factory: Callable[[], TextEnv],
+        host: EngineHost,
         *,
         max_sessions: int = 64,
         ttl: float = 600.0,
-        engine_threads: int = 16,
         step_deadline: float | None = None,
         reset_deadline: float | None = None,
     ) -> None:
-        self._env_factory = env_factory
+        self.host = host
+        host.on_lost = self._engines_lost
         self.step_deadline = step_deadline
         """Seconds an engine call may take (the default of :meth:`call`); None: no limit."""
         self.reset_deadline = reset_deadline
@@ -88,12 +185,16 @@ class SessionManager:
         self._by_compat_id: dict[int, str] = {}
         self._compat_ids = itertools.count()
         self._reserved = 0
-        self._executor = ThreadPoolExecutor(engine_threads, thread_name_prefix="engine")
+        self._lost: OrderedDict[str, str] = OrderedDict()
+        """Sessions whose worker died under them while idle -> why (their next request's 503)."""
+        self._lost_compat: OrderedDict[int, str] = OrderedDict()
         self._reaper: asyncio.Task | None = None
         self.stats = SessionStats()
-        self.stuck_calls = 0
-        """Engine calls past their deadline that have not returned yet (their threads are
-        busy until they do: a thread stuck in C code cannot be killed)."""
+
+    @property
+    def stuck_calls(self) -> int:
+        """Engine calls past their deadline still running (threads only: a worker is killed)."""
+        return self.host.stuck_calls
 
     # ----- lifecycle ----------------------------------------------------------------
 
@@ -101,6 +202,7 @@ class SessionManager:
         return len(self._sessions)
 
     async def start(self) -> None:
+        await self.host.start()
         self._reaper = asyncio.create_task(self._reap_forever())
 
     async def shutdown(self) -> None:
@@ -111,13 +213,7 @@ class SessionManager:
         for session_id in list(self._sessions):
             with contextlib.suppress(UnknownSession):  # closed meanwhile by a request
                 await self.close(session_id)
-        # Never wait for a stuck engine thread: shutdown must finish in bounded time.
-        self._executor.shutdown(wait=not self.stuck_calls, cancel_futures=True)
-
-    async def run_engine(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run blocking engine work on the pool."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+        await self.host.shutdown()
 
     # ----- sessions -----------------------------------------------------------------
 
@@ -125,11 +221,12 @@ class SessionManager:
         """Build a session with a fresh engine and no episode yet."""
         self._reserve_slot()
         try:
-            env = await self.run_engine(self._env_factory)
+            env = await self.host.build(self.reset_deadline)
         except AgentGymError:
             raise
         except Exception as exc:
             log.exception("engine construction failed")
+            self.stats.engine_errors += 1
             raise EngineError(f"could not start the environment engine: {exc}") from exc
         finally:
             self._reserved -= 1
@@ -142,11 +239,14 @@ class SessionManager:
     def get(self, session_id: str) -> Session:
         session = self._sessions.get(session_id)
         if session is None:
+            reason = self._lost.pop(session_id, None)
+            if reason is not None:
+                raise EngineError(f"the session was closed: {reason}")
             raise UnknownSession(f"no session {session_id!r} (never created, closed or expired)")
         return session
 
     def get_compat(self, compat_id: int) -> Session:
-        session_id = self._by_compat_id.get(compat_id)
+        session_id = self._by_compat_id.get(compat_id) or self._lost_compat.pop(compat_id, None)
         if session_id is None:
             raise UnknownSession(f"no environment with id {compat_id} (never created, closed or expired)")
         return self.get(session_id)
@@ -154,40 +254,38 @@ class SessionManager:
     async def call(
         self,
         session: Session,
-        method: Callable[..., T],
+        method: str,
         *args: Any,
         deadline: float | None = None,
         **kwargs: Any,
-    ) -> T:
-        """Run ``method`` (bound to ``session.env``) under the session's lock.
+    ) -> Any:
+        """Call the engine's ``method`` (a ``TextEnv`` method name, e.g. ``"step"``) under the
+        session's lock.
 
         Contract errors (bad action, episode over, ...) pass through and leave the
         session usable; any other exception means the engine is broken, so the session
         is closed and a 503 is raised. So is a call that takes longer than ``deadline``
-        seconds (default: ``step_deadline``): the session is dropped at once (its lock freed, so DELETE and the reaper
-        never hang on it) and its engine closed whenever the stuck call returns.
+        seconds (default: ``step_deadline``): the session is dropped at once (its lock
+        freed, so DELETE and the reaper never hang on it) and the host ends the call as
+        far as it can (a worker process is killed; a thread's engine is closed when the
+        call returns).
         """
         deadline = deadline or self.step_deadline
         async with session.lock:
             if session.closed:
                 raise UnknownSession(f"session {session.session_id!r} was closed")
             session.last_active = time.monotonic()
-            future = self._executor.submit(lambda: method(*args, **kwargs))
             try:
-                return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), deadline)
+                return await self.host.call(session.env, method, args, kwargs, deadline)
             except AgentGymError:
                 raise
-            except TimeoutError:
+            except EngineTimeout as exc:
                 log.error("engine call in session %s passed its %gs deadline", session.session_id, deadline)
-                self.stats.engine_errors += 1
-                self._abandon(session, future)
-                raise EngineError(
-                    f"the environment engine did not answer within {deadline:g}s; the session was closed"
-                ) from None
+                self._fail(session, close_engine=False)
+                raise EngineError(f"{exc}; the session was closed") from None
             except Exception as exc:
-                log.exception("engine failure in session %s", session.session_id)
-                self.stats.engine_errors += 1
-                await self._close_locked(session)
+                log.error("engine failure in session %s: %s", session.session_id, exc)
+                self._fail(session, close_engine=True)
                 raise EngineError(f"the environment engine failed and the session was closed: {exc}") from exc
             finally:
                 session.last_active = time.monotonic()
@@ -197,7 +295,7 @@ class SessionManager:
         async with session.lock:
             if session.closed:  # a concurrent close got the lock first: only one 204
                 raise UnknownSession(f"session {session_id!r} was closed")
-            await self._close_locked(session)
+            self._drop(session, close_engine=True)
 
     async def evict_expired(self) -> int:
         """Close sessions idle for longer than ``ttl``; return how many."""
@@ -208,7 +306,7 @@ class SessionManager:
             async with session.lock:
                 # A call may have taken the lock (and used the session) since the scan.
                 if not session.closed and time.monotonic() - session.last_active > self.ttl:
-                    await self._close_locked(session)
+                    self._drop(session, close_engine=True)
                     self.stats.expired += 1
                     expired += 1
         return expired
@@ -231,35 +329,42 @@ class SessionManager:
         oldest = min(s.last_active for s in self._sessions.values())
         return max(1.0, self.ttl - (time.monotonic() - oldest))
 
-    def _abandon(self, session: Session, stuck: Future) -> None:
-        """Drop a session whose engine call is stuck; close its engine in that call's own
-        thread once (if ever) it returns, so nothing touches the engine while it runs."""
-        session.closed = True
-        self._sessions.pop(session.session_id, None)
-        self._by_compat_id.pop(session.compat_id, None)
-        self.stats.closed += 1
-        self.stuck_calls += 1
+    def _fail(self, session: Session, *, close_engine: bool) -> None:
+        """Drop a session whose engine broke, counting the engine error once (a session lost
+        with its worker was counted when the worker died)."""
+        if session.closed:
+            return
+        self.stats.engine_errors += 1
+        self._drop(session, close_engine=close_engine)
 
-        def close_when_done(_: Future) -> None:
-            self.stuck_calls -= 1
-            try:
-                session.env.close()
-            except Exception:
-                log.exception("closing the engine of abandoned session %s failed", session.session_id)
+    def _engines_lost(self, engines: list[Any], reason: str) -> None:
+        """A worker died with these engines: fail their sessions now (freeing capacity). A
+        session in the middle of a call gets its 503 from that call; an idle one from its
+        next request."""
+        lost = set(engines)
+        for session in [s for s in self._sessions.values() if s.env in lost]:
+            log.error("session %s lost: %s", session.session_id, reason)
+            self._fail(session, close_engine=False)
+            if not session.lock.locked():
+                self._lost[session.session_id] = reason
+                self._lost_compat[session.compat_id] = session.session_id
+        for kept in (self._lost, self._lost_compat):
+            while len(kept) > LOST_SESSIONS_KEPT:
+                kept.popitem(last=False)
 
-        stuck.add_done_callback(close_when_done)
-
-    async def _close_locked(self, session: Session) -> None:
+    def _drop(self, session: Session, *, close_engine: bool) -> None:
+        """Forget the session; its engine is closed by the host without waiting for it."""
         if session.closed:
             return
         session.closed = True
         self._sessions.pop(session.session_id, None)
         self._by_compat_id.pop(session.compat_id, None)
         self.stats.closed += 1
-        try:
-            await self.run_engine(session.env.close)
-        except Exception:
-            log.exception("closing the engine of session %s failed", session.session_id)
+        if close_engine:
+            try:
+                self.host.close(session.env)
+            except Exception:
+                log.exception("closing the engine of session %s failed", session.session_id)
 
     async def _reap_forever(self) -> None:
         interval = max(0.05, min(30.0, self.ttl / 4))

@@ -156,8 +156,9 @@ def test_capacity_limit_answers_429_with_retry_after() -> None:
 def test_idle_sessions_expire_and_free_their_engines() -> None:
     app = create_app(ServerConfig(env="textworld", ttl=1.0))
     with serve_in_thread(app) as url, EnvClient(url) as client:
+        # No count right after the creates: on a loaded machine a create can take longer
+        # than the 1 s TTL, so the first session may expire before the third exists.
         ids = [client.create(split="test", index=i).session_id for i in range(3)]
-        assert client.health().sessions == 3
         deadline = time.monotonic() + 15
         while client.health().sessions and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from py4j.protocol import Py4JError
 
 from agentgym.core import Task, TextEnv, Transition
-from agentgym.envs.sciworld.jvm import Jvm, JvmFailed, JvmPool, JvmSettings, jvm_pool
+from agentgym.envs.sciworld.jvm import Jvm, JvmFailed, JvmPool, JvmSettings, default_max_live, jvm_pool
 from agentgym.envs.sciworld.tasks import (
     SPLITS,
     TaskType,
@@ -87,6 +87,8 @@ class SciWorldEnv(TextEnv):
     # Score can fall (a task failed after progress), so a step's reward can be negative.
     reward_range: ClassVar[tuple[float, float]] = (-1.0, 1.0)
     default_max_turns: ClassVar[int] = 100
+    engine_process: ClassVar[bool] = True
+    mirrored_attributes: ClassVar[tuple[str, ...]] = ("jvm_pid",)
 
     def __init__(
         self,
@@ -147,9 +149,18 @@ class SciWorldEnv(TextEnv):
     def instruction(self) -> str:
         return INSTRUCTION
 
-    def warm_up(self) -> None:
-        """Start the pool's spare JVMs in the background."""
-        self.pool.top_up()
+    def warm_engines(self, count: int) -> None:
+        """Keep ``count`` JVMs of this process's pool started ahead (servers' ``--warm``;
+        in-process users get ``spare_jvms``)."""
+        self.pool.keep_warm(count)
+
+    @classmethod
+    def worker_config(cls, config: dict[str, Any], workers: int) -> dict[str, Any]:
+        """Each worker process has its own JVM pool: the JVM limits are shared out among them."""
+        heap_mb = config.get("heap_mb", JvmSettings.heap_mb)
+        max_jvms = config.get("max_jvms") or default_max_live(heap_mb)
+        max_idle = config.get("max_idle_jvms", JvmSettings.max_idle)
+        return config | {"max_jvms": -(-max_jvms // workers), "max_idle_jvms": -(-max_idle // workers)}
 
     def compat_task_id(self, data_idx: int) -> str:
         """AgentGym's SciWorld numbering of ``data_idx`` (see ``tasks.agentgym_task_id``)."""

@@ -136,6 +136,8 @@ class JvmPool:
         self._starting = 0
         self._start_slots = threading.BoundedSemaphore(max(1, settings.start_concurrency))
         self._closed = False
+        self.spare, self.max_idle = settings.spare, settings.max_idle
+        """Idle JVMs kept started ahead, and kept at most (:meth:`keep_warm` raises both)."""
         self.started = 0
         """JVMs started so far (for tests and metrics)."""
 
@@ -172,7 +174,7 @@ class JvmPool:
                 not self._closed
                 and jvm.alive()
                 and jvm.episodes < self.settings.recycle_after
-                and len(self._idle) < self.settings.max_idle
+                and len(self._idle) < self.max_idle
             )
             if keep:
                 self._idle.append(jvm)
@@ -189,13 +191,18 @@ class JvmPool:
     def top_up(self) -> None:
         """Start JVMs in the background until ``spare`` are idle or starting (within ``max_live``)."""
         with self._lock:
-            wanted = self.settings.spare - len(self._idle) - self._starting
+            wanted = self.spare - len(self._idle) - self._starting
             wanted = min(wanted, self.max_live - self.live)
             if self._closed or wanted <= 0:
                 return
             self._starting += wanted
         for _ in range(wanted):
             threading.Thread(target=self._start_spare, name="sciworld-jvm-start", daemon=True).start()
+
+    def keep_warm(self, count: int) -> None:
+        """Keep ``count`` idle JVMs started ahead (and keep at least that many when released)."""
+        self.spare, self.max_idle = count, max(self.max_idle, count)
+        self.top_up()
 
     def shutdown(self) -> None:
         """Stop every idle JVM now and every busy one when released. Idempotent."""

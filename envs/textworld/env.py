@@ -117,6 +117,7 @@ class TextWorldEnv(TaskListsMixin, TextEnv):
     reward_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
     default_max_turns: ClassVar[int] = DEFAULT_MAX_TURNS["easy"]
     action_rules: ClassVar[ActionRules] = Z_MACHINE_ACTIONS
+    engine_process: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -162,11 +163,17 @@ class TextWorldEnv(TaskListsMixin, TextEnv):
         rest = train[len(test) :] + test[len(train) :]
         self.store.prefetch(game_spec(t) for t in interleaved + rest)
 
+    def game_file(self, task_id: str) -> str:
+        """The compiled game of ``task_id``, generated first (ahead of any prefetch) if need
+        be. Sessions ask the catalog instance for it (:meth:`on_catalog`), so a server's
+        sessions share one generation queue whichever process hosts their engines."""
+        return str(self.store.game_file(game_spec(self.task(task_id))))
+
     # ----- episode ---------------------------------------------------------------------
 
     def _reset(self, task: Task, seed: int | None, options: dict[str, Any]) -> Transition:
         # Games are fully determined by the task; ``seed`` only picks a task (base class).
-        path = self.store.game_file(game_spec(task))
+        path = self.on_catalog("game_file", task.task_id)
         self.close()
         with _LOAD_LOCK:
             self._game = textworld.start(str(path), request_infos=REQUEST_INFOS)
