@@ -802,6 +802,33 @@ def export_model(
     console.print(f"wrote {folder}; load it with AutoModelForCausalLM.from_pretrained({str(folder)!r})")
 
 
+@app.command("export-trajectories")
+def export_trajectories(
+    path: Annotated[
+        Path,
+        typer.Argument(help="A trajectory JSONL file (collect, eval) or a folder of them (eval out, a run)."),
+    ],
+    out: Annotated[Path, typer.Option(help="Folder to write.")],
+    output_format: Annotated[
+        str,
+        typer.Option(
+            "--format", help="parquet (OUT/trajectories.parquet) or hf (a datasets dataset: load_from_disk)."
+        ),
+    ] = "parquet",
+) -> None:
+    """Write trajectories as Parquet or a Hugging Face datasets dataset, one row per episode.
+
+    Example: agentgym export-trajectories runs/my-run --format hf --out data/my-run
+    """
+    from agentgym.trajectory_table import export_trajectories as export
+
+    try:
+        written = export(path, out, output_format)
+    except (ValueError, OSError) as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
+    console.print(f"wrote {written}")
+
+
 @app.command("serve-model")
 def serve_model(
     model: ModelOpt = None,

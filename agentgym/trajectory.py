@@ -16,6 +16,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,6 +168,48 @@ def read_jsonl(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
                 log.warning("%s: ignoring a torn last line %d (%s)", path, number, exc.msg)
                 return
             raise ValueError(f"{path}:{number}: not a JSON record ({exc.msg})") from None
+
+
+STEP_FILE_RE = re.compile(r"step-0*(\d+)\.jsonl$")
+"""A run's ``rollouts/step-000012.jsonl`` holds the episodes of training step 12."""
+OTHER_JSONL = frozenset({"metrics.jsonl"})
+"""JSONL files of a run folder that never hold trajectories."""
+
+
+def is_trajectory_record(record: Any) -> bool:
+    return isinstance(record, dict) and "messages" in record and "task_id" in record
+
+
+def sniff_trajectory_file(path: Path) -> bool:
+    """Whether the first non-empty line of ``path`` is a trajectory record."""
+    with open(path, "rb") as handle:
+        for line in handle:
+            if line.strip():
+                try:
+                    return is_trajectory_record(json.loads(line))
+                except ValueError:
+                    return False
+    return False
+
+
+def step_of(path: Path) -> int | None:
+    """The training step of a run's ``step-N.jsonl`` rollout file, else ``None``."""
+    match = STEP_FILE_RE.search(path.name)
+    return int(match.group(1)) if match else None
+
+
+def jsonl_files(root: Path) -> list[Path]:
+    """``root`` itself when it is a file; else the JSONL files under it that may hold
+    trajectories (rollout steps in numeric order first, then the rest by path)."""
+    if root.is_file():
+        return [root]
+    found = [p for p in root.rglob("*.jsonl") if p.name not in OTHER_JSONL and p.is_file()]
+    return sorted(found, key=lambda p: (step_of(p) is None, step_of(p) or 0, str(p)))
+
+
+def trajectory_files(root: Path) -> list[Path]:
+    """The trajectory JSONL files of a run or eval folder (or the one file ``root``)."""
+    return [path for path in jsonl_files(root) if sniff_trajectory_file(path)]
 
 
 def read_trajectories(path: str | os.PathLike[str]) -> list[Trajectory]:

@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from agentgym.trajectory import is_trajectory_record, jsonl_files, sniff_trajectory_file, step_of
+
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
-STEP_RE = re.compile(r"step-0*(\d+)\.jsonl$")
-"""``rollouts/step-000012.jsonl`` holds the episodes of training step 12."""
 REFRESH_EVERY_S = 1.0
 """Rescans are cheap (stat calls) but pages are requested often; once a second is live enough."""
 
@@ -62,22 +61,6 @@ class _Location:
     file: Path
     offset: int
     length: int
-
-
-def is_trajectory_record(record: Any) -> bool:
-    return isinstance(record, dict) and "messages" in record and "task_id" in record
-
-
-def sniff_trajectory_file(path: Path) -> bool:
-    """Whether the first non-empty line of ``path`` is a trajectory record."""
-    with open(path, "rb") as handle:
-        for line in handle:
-            if line.strip():
-                try:
-                    return is_trajectory_record(json.loads(line))
-                except ValueError:
-                    return False
-    return False
 
 
 def summarize(index: int, source: str, step: int | None, record: dict[str, Any], ordinal: int = 0) -> Summary:
@@ -127,10 +110,7 @@ class EpisodeIndex:
 
     def files(self) -> list[Path]:
         """Trajectory files to index, in a stable order (steps in numeric order first)."""
-        if self.root.is_file():
-            return [self.root]
-        candidates = [p for p in self.root.rglob("*.jsonl") if p.name != METRICS_FILE and p.is_file()]
-        return sorted(candidates, key=lambda p: (_step_of(p) is None, _step_of(p) or 0, str(p)))
+        return jsonl_files(self.root)
 
     def refresh(self, force: bool = False) -> None:
         """Index new files and lines appended to known ones (at most once per second unless forced)."""
@@ -154,7 +134,7 @@ class EpisodeIndex:
         if path.stat().st_size <= start:
             return
         source = str(path.relative_to(self.root)) if self.root.is_dir() else path.name
-        step = _step_of(path)
+        step = step_of(path)
         with open(path, "rb") as handle:
             handle.seek(start)
             offset = start
@@ -257,8 +237,3 @@ def read_metrics(path: Path | None, since: int = 0) -> list[dict[str, Any]]:
         except ValueError:
             break  # a torn last line: the trainer is writing it now
     return rows
-
-
-def _step_of(path: Path) -> int | None:
-    match = STEP_RE.search(path.name)
-    return int(match.group(1)) if match else None
