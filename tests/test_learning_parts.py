@@ -1,6 +1,6 @@
 """What the learning work added, through public surfaces: valid commands shown to the
 policy, episodes that end before overflowing the context, invalid actions counted, the
-before/after comparison with its paired interval, and the collapse guard."""
+before/after comparison with its paired interval, the collapse guard, and RL's curriculum."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
 from agentgym.trainers import heldout
 from agentgym.trainers.guards import CollapseGuard
 from agentgym.trainers.recipes import TokenizedExpert
+from agentgym.trajectory import read_trajectories
 
 COIN = "tw-coin_collector/level1/s0"
 """One turn for the expert: ``take coin``."""
@@ -151,3 +152,49 @@ def test_a_run_evaluates_after_behaviour_cloning_and_at_the_end(
     assert "invalid_share" in history[-1] and "eval_invalid_share" in history[-1]
     saved = (tmp_path / heldout.BEFORE_AFTER_FILE).read_text()
     assert '"gain"' in saved and "held-out success after behaviour cloning" in result.output
+    for step in (2, 3):  # the evaluated episodes are kept, one file per evaluation
+        kept = read_trajectories(tmp_path / "rollouts" / "eval" / f"step-{step:06d}.jsonl")
+        assert sorted(t.task_id for t in kept) == sorted(history[step - 1]["eval_outcomes"])
+
+
+@pytest.mark.parametrize("curriculum", ["fits-horizon", "all"])
+def test_rl_draws_only_tasks_the_expert_finishes_within_the_horizon(
+    curriculum: str, tiny_model_dir: Path, textworld_url: str, tmp_path: Path
+) -> None:
+    settings = {
+        "env_url": textworld_url,
+        "curriculum": curriculum,
+        "bc_steps": 1,
+        "bc_episodes": 12,
+        "steps": 2,
+        "tasks_per_step": 3,
+        "group_size": 1,
+        "minibatch_size": 1,
+        "micro_batch_size": 1,
+        "max_turns": 2,
+        "max_new_tokens": 4,
+        "eval_tasks": 1,
+    }
+    args = [
+        "train",
+        "--algo",
+        "grpo",
+        "--schedule",
+        "fixed",
+        "--model",
+        str(tiny_model_dir),
+        "--out",
+        str(tmp_path),
+    ]
+    result = CliRunner().invoke(app, args + [f"--set={k}={v}" for k, v in settings.items()])
+    assert result.exit_code == 0, result.output
+    expert_turns = {t.task_id: t.turns for t in read_trajectories(tmp_path / "expert.jsonl")}
+    assert min(expert_turns.values()) <= 2 < max(expert_turns.values())  # the demonstrations differ in length
+    drawn = [
+        t.task_id
+        for step in (2, 3)
+        for t in read_trajectories(tmp_path / "rollouts" / f"step-{step:06d}.jsonl")
+    ]
+    fits = [expert_turns.get(task, 99) <= 2 for task in drawn]
+    assert drawn
+    assert all(fits) if curriculum == "fits-horizon" else not all(fits)

@@ -43,6 +43,9 @@ class Collector:
         self.config, self.learner, self.generator = config, learner, generator
         self.runner, self.dp = runner, dp
         self.train_tasks, self.run_dir = train_tasks, run_dir
+        self.expert_turns: dict[str, int] | None = None
+        """Turns the expert took per train task (``curriculum: fits-horizon``); None: every
+        task is drawn."""
         self.published: int | None = None
         """The version the generator samples from (None: not sent yet)."""
         self.pending: asyncio.Task | None = None
@@ -70,7 +73,7 @@ class Collector:
         pending, self.pending = self.pending, None
         if pending is None:
             self.publish()
-            local, seconds = self.runner.run(self._play(step, horizon, self._tasks(step)))
+            local, seconds = self.runner.run(self._play(step, horizon, self._tasks(step, horizon)))
         else:
             local, seconds = self.runner.run(_result_of(pending))
         episodes = self.dp.gather(local)
@@ -86,7 +89,9 @@ class Collector:
         """Async mode: let the generator play step ``step``'s episodes on the event loop while
         this step updates."""
         self.publish()
-        self.pending = self.runner.get_loop().create_task(self._play(step, horizon, self._tasks(step)))
+        self.pending = self.runner.get_loop().create_task(
+            self._play(step, horizon, self._tasks(step, horizon))
+        )
 
     def collect(self, step: int, version: int, horizon: int) -> tuple[list[Trajectory], list[Sample], dict]:
         """Step ``step``'s episodes, written to ``rollouts/``, and the samples to train on at
@@ -95,10 +100,10 @@ class Collector:
         episodes, seconds = self.take(step, horizon)
         self.groups.add(episodes)
         fresh = self._group_samples(self.groups.take_complete())
-        wanted, used = self.config.tasks_per_step * self.config.group_size, self._tasks(step)
+        wanted, used = self.config.tasks_per_step * self.config.group_size, self._tasks(step, horizon)
         for refill in range(self.config.max_refills if self.config.dynamic_sampling else 0):
             missing = -(-(wanted - len(fresh)) // self.config.group_size)
-            spare = [t for t in self.train_tasks if t not in used]
+            spare = [t for t in self._pool(horizon) if t not in used]
             if missing <= 0 or not spare:
                 break
             tasks = random.Random(self._seed(step) + refill + 1).sample(spare, min(missing, len(spare)))
@@ -107,13 +112,22 @@ class Collector:
             episodes += more
             self.groups.add(more)
             fresh += self._group_samples(self.groups.take_complete())
-        self._record(step, episodes)
+        self.record(step, episodes)
         samples, figures = self._with_replay(step, version, fresh)
         return episodes, samples, {"rollout_s": round(seconds, 2), **figures}
 
-    def _tasks(self, step: int) -> list[str]:
+    def _tasks(self, step: int, horizon: int) -> list[str]:
+        pool = self._pool(horizon)
         rng = random.Random(self._seed(step))  # the same tasks after a resume
-        return rng.sample(self.train_tasks, min(self.config.tasks_per_step, len(self.train_tasks)))
+        return rng.sample(pool, min(self.config.tasks_per_step, len(pool)))
+
+    def _pool(self, horizon: int) -> list[str]:
+        """The train tasks to draw from at ``horizon``: with known expert turns, those the
+        expert finishes within it (all of them if none does)."""
+        if self.expert_turns is None:
+            return self.train_tasks
+        fits = [t for t in self.train_tasks if self.expert_turns.get(t, horizon + 1) <= horizon]
+        return fits or self.train_tasks
 
     def _seed(self, step: int) -> int:
         return self.config.seed * 1_000_003 + step
@@ -145,12 +159,13 @@ class Collector:
         self.dropped_here += [(episode.spec.task_id, episode.spec.sample) for episode in stale]
         await self.generator.drop(stale)
 
-    def _record(self, step: int, episodes: list[Trajectory]) -> None:
-        """Rank 0 keeps the step's episodes in ``rollouts/step-N.jsonl``, replaced whole, so a
-        step redone after a crash leaves each episode once."""
+    def record(self, step: int, episodes: list[Trajectory], folder: str = "rollouts") -> None:
+        """Rank 0 keeps the step's episodes in ``<folder>/step-N.jsonl`` of the run, replaced
+        whole, so a step redone after a crash leaves each episode once."""
         if not self.dp.main:
             return
-        final = self.run_dir / "rollouts" / f"step-{step:06d}.jsonl"
+        final = self.run_dir / folder / f"step-{step:06d}.jsonl"
+        final.parent.mkdir(parents=True, exist_ok=True)
         staging = final.with_suffix(".tmp")
         staging.unlink(missing_ok=True)
         with TrajectoryWriter(staging, fsync=False) as writer:

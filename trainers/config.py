@@ -97,6 +97,11 @@ class TrainConfig:
     """RL steps (each: collect a batch of groups, then update)."""
     tasks_per_step: int = 2
     """Tasks (groups) sampled from the train split per step."""
+    curriculum: str = "fits-horizon"
+    """Which train tasks RL draws: ``all``, or ``fits-horizon``: those the expert finishes
+    within the step's horizon (known from the behaviour-cloning demonstrations; all tasks
+    when the env has no expert or none fits). A task no episode can finish within the
+    horizon gives every episode reward 0, a group that teaches nothing."""
     group_size: int = 4
     """Rollouts per task; advantages compare episodes within a group."""
     concurrency: int = 16
@@ -230,6 +235,11 @@ class TrainConfig:
     keep_checkpoints: int = 3
     """Checkpoints kept: the N newest complete ones plus the best by held-out success
     (``eval_success_rate``); older ones are deleted as new ones are saved. 0 keeps all."""
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
+    """Where metrics go besides ``metrics.jsonl``: ``tensorboard`` (``RUN_DIR/tensorboard``),
+    ``wandb`` (Weights & Biases; offline with ``WANDB_MODE=offline``); ``[]`` for neither."""
+    wandb_project: str = "agentgym"
+    """The W&B project of ``report_to: [wandb]`` runs (the run is named after the run folder)."""
 
     def __post_init__(self) -> None:
         self._coerce_numbers()

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from agentgym.trainers.algorithms import AGGREGATIONS
 from agentgym.trainers.registry import ADVANTAGE_ESTIMATORS, CLIP_RULES
+from agentgym.trainers.reporting import reporter_problems
 from agentgym.trainers.schedules import ScalingInterHorizon
 
 if TYPE_CHECKING:
@@ -18,6 +19,9 @@ def config_problems(config: TrainConfig) -> list[str]:
     problems = []
     if config.schedule not in ("fixed", "scaling-inter"):
         problems.append("schedule must be 'fixed' or 'scaling-inter'")
+    problems += reporter_problems(config.report_to)
+    if config.curriculum not in ("all", "fits-horizon"):
+        problems.append("curriculum must be 'all' or 'fits-horizon'")
     if config.generator not in ("hf", "vllm", "ray"):
         problems.append("generator must be 'hf', 'vllm' or 'ray'")
     if config.loss_aggregation not in AGGREGATIONS:

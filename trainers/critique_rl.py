@@ -195,7 +195,7 @@ class CritiqueRL:
             )
         return self.demos
 
-    def evaluate(self) -> dict[str, Any]:
+    def evaluate(self, step: int) -> dict[str, Any]:
         """Greedy critique rounds on the first ``eval_tasks`` test problems: every
         :func:`~agentgym.critique.critique_metrics` figure as ``eval_<name>``, and Acc@Refine as
         ``eval_success_rate`` (the actor's success with the critic in the loop)."""

@@ -41,6 +41,7 @@ from agentgym.trainers.generators import start_generator
 from agentgym.trainers.guards import CollapseGuard
 from agentgym.trainers.learner import Learner
 from agentgym.trainers.recipes import AgentEvol, ClippedRL, behaviour_cloning
+from agentgym.trainers.reporting import open_sinks
 from agentgym.trainers.schedules import FixedHorizon, ScalingInterHorizon
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,8 @@ class Trainer:
                 try:
                     self._train_from(self._restore())
                 finally:
+                    if self.metrics is not None:
+                        self.metrics.close()  # finishes a W&B run
                     if self.collector is not None:
                         self.complete(self.collector.generator.close())
         finally:
@@ -101,11 +104,12 @@ class Trainer:
 
     def _train_from(self, start: int) -> None:
         if self.dp.main:
-            self.metrics = MetricsLog(
-                self.run_dir.metrics_path,
-                resume_step=start - 1 if self.resume else None,
-                tensorboard_dir=self.run_dir.path / "tensorboard",
+            resume_step = start - 1 if self.resume else None
+            config = self.config
+            sinks = open_sinks(
+                config.report_to, self.run_dir.path, config.to_dict(), config.wandb_project, resume_step
             )
+            self.metrics = MetricsLog(self.run_dir.metrics_path, resume_step=resume_step, sinks=sinks)
         self._set_version(start - 1)
         with _progress(visible=self.dp.main) as progress:
             bar = progress.add_task("training", total=self.total_steps, completed=start - 1)
@@ -126,7 +130,7 @@ class Trainer:
     def _finish_step(self, step: int, record: dict[str, Any]) -> None:
         """Rank 0: evaluate when due, log the step, checkpoint when due."""
         if self._eval_due(step):
-            record.update(self.recipe.evaluate())
+            record.update(self.recipe.evaluate(step))
         warnings = self.guard.check(record)
         if warnings:
             record["warnings"] = warnings

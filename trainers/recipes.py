@@ -12,6 +12,7 @@ run folder) and returns the step's metrics record.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,8 @@ from agentgym.trainers.collector import rollout_config, sampling
 from agentgym.trainers.learner import Learner, PerTokenLoss
 from agentgym.trainers.registry import CLIP_RULES, Bounds
 from agentgym.trajectory import Trajectory, TrajectoryWriter, read_trajectories
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from agentgym.trainers.loop import Trainer
@@ -224,6 +227,8 @@ class ClippedRL:
         trainer, config = self.trainer, self.trainer.config
         if config.kl_coef:
             trainer.learner.take_reference(trainer.run_dir.path / "reference.pt")
+        if config.curriculum == "fits-horizon" and trainer.collector.expert_turns is None:
+            trainer.collector.expert_turns = self.expert_turns()
         start, horizon = time.perf_counter(), trainer.horizon(step)
         episodes, samples, figures = trainer.collector.collect(step, trainer.version, horizon)
         record = {"step": step, "phase": "rl", "mode": config.mode, "max_turns": horizon}
@@ -244,6 +249,14 @@ class ClippedRL:
 
     def demonstrations(self) -> list[dict[str, Any]]:
         return [token_record(t) for t in self.expert_episodes()]
+
+    def expert_turns(self) -> dict[str, int]:
+        """Turns the expert took on each train task it solved; empty for an env without one."""
+        try:
+            return {e.task_id: e.turns for e in self.expert_episodes()}
+        except (RuntimeError, ValueError) as exc:
+            log.warning("curriculum fits-horizon: no expert episodes (%s); RL draws every task", exc)
+            return {}
 
     def expert_episodes(self) -> list[Trajectory]:
         """Expert episodes on train tasks, played once per run and kept in the run folder."""
@@ -266,9 +279,11 @@ class ClippedRL:
                 raise RuntimeError("the expert solved no train task: nothing to clone")
         return self.expert
 
-    def evaluate(self) -> dict[str, Any]:
+    def evaluate(self, step: int) -> dict[str, Any]:
         """Greedy success on the first ``eval_tasks`` test tasks at ``eval_horizon``: the
-        rate, and each task's outcome (for the before/after comparison, ``heldout.py``)."""
+        rate, and each task's outcome (for the before/after comparison, ``heldout.py``).
+        The episodes are kept in ``rollouts/eval/step-N.jsonl`` (the viewer lists them
+        beside the training episodes)."""
         trainer, config = self.trainer, self.trainer.config
         specs = [EpisodeSpec(t, split="test") for t in trainer.test_tasks[: config.eval_tasks]]
         rollout = rollout_config(config, config.eval_horizon, sampling(config, greedy=True))
@@ -277,6 +292,7 @@ class ClippedRL:
         else:
             trainer.collector.publish()
             episodes = trainer.complete(trainer.collector.generator.evaluate(specs, rollout))
+        trainer.collector.record(step, episodes, folder="rollouts/eval")
         outcomes = {e.task_id: float(e.success) for e in episodes}
         stats = rollout_stats(episodes)
         return {
