@@ -95,6 +95,10 @@ def serve(
         float, typer.Option(min=0.1, help="Seconds a step may take before its session fails (503).")
     ] = 60.0,
     reset_deadline: Annotated[float, typer.Option(min=0.1, help="Seconds a reset may take.")] = 600.0,
+    warm: Annotated[
+        int | None,
+        typer.Option(min=0, help="Engines started ahead of demand (default: 2 per core)."),
+    ] = None,
     settings: Annotated[
         list[str], typer.Option("--set", help="Environment setting KEY=VALUE (YAML value); repeatable.")
     ] = [],  # noqa: B006 - typer reads the default, never mutates it
@@ -117,6 +121,7 @@ def serve(
         engine_threads=engine_threads,
         step_deadline=step_deadline,
         reset_deadline=reset_deadline,
+        warm=warm,
     )
     try:
         application = create_app(config)

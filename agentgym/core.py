@@ -128,9 +128,10 @@ class TextEnv(abc.ABC):
         start-up; it must be safe to call more than once."""
 
     def warm_engines(self, count: int) -> None:
-        """Keep ``count`` engines started ahead of demand in this process (e.g. JVMs) and
-        return at once. Servers call it once in every process that hosts this env's engines
-        (each worker, or the server itself). Default: nothing to start ahead."""
+        """Keep ``count`` engines (e.g. JVMs) started ahead of demand in this process: start
+        them now, return once they are up, and top them up in the background as sessions
+        take them. Servers call it (``--warm``) once in every process that hosts this env's
+        engines, before the first request. Default: nothing to start ahead."""
 
     @classmethod
     def worker_config(cls, config: dict[str, Any], workers: int) -> dict[str, Any]:

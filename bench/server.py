@@ -1,22 +1,27 @@
 """Env-server overhead: steps/s and p50/p99 step latency at 1, 16 and 64 concurrent
-sessions, over HTTP against the same environment stepped in-process; then server RSS
-across 1,000 episodes.
+sessions, over HTTP against the same engine pool driven without HTTP; then server RSS
+(server and its engine workers) across 1,000 episodes.
 
     python bench/server.py [--env textworld] [--seconds 20] [--episodes 1000] [--json out.json]
 
 The server runs as a separate process (`agentgym serve`), as in production; the load
-generator is one asyncio process. Throughput and latency measure steps alone: each
-session starts one test task with an unbounded turn limit and alternates `look` and
-`inventory`, real engine steps (the engine recomputes the admissible commands and the
-expert's plan every turn) that never end the episode, so reset cost stays out of the
-step figures. The RSS check plays whole expert episodes (create, play, delete). Figures
-go to bench/RESULTS.md by hand, with the machine they were measured on.
+generator is this process (one asyncio loop, the async client), and its CPU use is
+reported. "In-process" is the same engine pool the server uses (its engine worker
+processes for textworld, built the same way by ``engine_host``) driven by the same number
+of concurrent callers through the session manager, without HTTP. Throughput and latency
+measure steps alone: each session starts one test task with an unbounded turn limit and
+alternates `look` and `inventory`, real engine steps (the engine recomputes the
+admissible commands and the expert's plan every turn) that never end the episode, so
+reset cost stays out of the step figures. The RSS check plays whole expert episodes
+(create, play, delete). Figures go to bench/RESULTS.md by hand, with the machine they
+were measured on.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import statistics
@@ -25,9 +30,11 @@ from dataclasses import asdict, dataclass
 
 import psutil
 
-from agentgym import make
+from agentgym import registry
 from agentgym.client import AsyncEnvClient
+from agentgym.servers.app import ServerConfig, engine_host
 from agentgym.servers.launcher import start_server_process, wait_healthy
+from agentgym.servers.sessions import Session, SessionManager
 
 ENDLESS = {"max_turns": 10**9}
 ACTIONS = ("look", "inventory")
@@ -58,23 +65,52 @@ def percentile(samples: list[float], q: float) -> float:
     return statistics.quantiles(samples, n=100, method="inclusive")[q - 1] * 1000 if len(samples) > 1 else 0.0
 
 
-def in_process(env_name: str, task_ids: list[str], sessions: int, seconds: float) -> Figures:
-    """Step ``sessions`` env instances round-robin in one thread: the no-server ceiling."""
-    envs = [make(env_name) for _ in range(sessions)]
-    for i, env in enumerate(envs):
-        env.reset(task_id=task_ids[i % len(task_ids)], options=ENDLESS)
-    latencies: list[float] = []
-    deadline = time.perf_counter() + seconds
-    start = time.perf_counter()
-    while time.perf_counter() < deadline:
-        for env in envs:
-            t0 = time.perf_counter()
-            env.step(ACTIONS[env.turn % 2])
-            latencies.append(time.perf_counter() - t0)
-    elapsed = time.perf_counter() - start
-    for env in envs:
-        env.close()
-    return figures("in-process", sessions, latencies, elapsed)
+async def in_process(env_name: str, task_ids: list[str], sessions: int, seconds: float) -> Figures:
+    """The server's engine pool without HTTP: ``sessions`` concurrent callers in this process."""
+    config = ServerConfig(env=env_name, max_sessions=256)
+    catalog = registry.make(env_name)
+    manager = SessionManager(engine_host(config, catalog), max_sessions=config.max_sessions)
+    await manager.start()
+    try:
+
+        async def open_one(i: int) -> Session:
+            session = await manager.open()
+            await manager.call(session, "reset", task_id=task_ids[i % len(task_ids)], options=ENDLESS)
+            return session
+
+        opened = await asyncio.gather(*(open_one(i) for i in range(sessions)))
+        latencies: list[float] = []
+
+        async def step_until(session: Session, deadline: float) -> None:
+            for turn in itertools.count():
+                if time.perf_counter() >= deadline:
+                    return
+                t0 = time.perf_counter()
+                await manager.call(session, "step", ACTIONS[turn % 2])
+                latencies.append(time.perf_counter() - t0)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(step_until(session, start + seconds) for session in opened))
+        return figures("in-process", sessions, latencies, time.perf_counter() - start)
+    finally:
+        await manager.shutdown()
+        catalog.close()
+
+
+def tree_rss(pid: int) -> int:
+    """Resident memory of a process and its descendants (a server and its engine workers)."""
+    root = psutil.Process(pid)
+    total = 0
+    for process in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            total += process.memory_info().rss
+    return total
+
+
+def cpu_seconds() -> float:
+    """CPU time (user + system) this process has used so far: the load generator's."""
+    times = psutil.Process().cpu_times()
+    return times.user + times.system
 
 
 async def over_http(url: str, task_ids: list[str], sessions: int, seconds: float) -> Figures:
@@ -102,7 +138,6 @@ async def over_http(url: str, task_ids: list[str], sessions: int, seconds: float
 
 async def episodes_rss(url: str, pid: int, task_ids: list[str], episodes: int, concurrency: int = 8) -> dict:
     """Create, play to the end and delete ``episodes`` sessions; RSS before, peak, after."""
-    process = psutil.Process(pid)
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(episodes):
         queue.put_nowait(i)
@@ -117,17 +152,17 @@ async def episodes_rss(url: str, pid: int, task_ids: list[str], episodes: int, c
             while "expert_action" in info:
                 info = (await client.step(created.session_id, info["expert_action"])).info
             await client.delete(created.session_id)
-            peak = max(peak, process.memory_info().rss)
+            peak = max(peak, tree_rss(pid))
 
     async with AsyncEnvClient(url) as client:
         await asyncio.gather(*(worker(client) for _ in range(min(concurrency, 64))))  # warm-up pass
-        baseline = process.memory_info().rss
+        baseline = tree_rss(pid)
         for i in range(episodes):
             queue.put_nowait(i)
         start = time.perf_counter()
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
         elapsed = time.perf_counter() - start
-        after = process.memory_info().rss
+        after = tree_rss(pid)
     mib = 1024 * 1024
     return {
         "episodes": episodes,
@@ -145,7 +180,6 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="measuring time per configuration")
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--episodes", type=int, default=1000, help="episodes for the RSS check (0 skips)")
-    parser.add_argument("--engine-threads", type=int, default=16, help="the server's --engine-threads")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
 
@@ -156,8 +190,6 @@ def main() -> None:
             "warning",
             "--max-sessions",
             "256",
-            "--engine-threads",
-            str(args.engine_threads),
         ],
     )
     try:
@@ -165,14 +197,16 @@ def main() -> None:
         task_ids = asyncio.run(_test_task_ids(server.url))
         rows = []
         for sessions in args.sessions:
-            local = in_process(args.env, task_ids, sessions, args.seconds)
+            local = asyncio.run(in_process(args.env, task_ids, sessions, args.seconds))
+            cpu = cpu_seconds()
             remote = asyncio.run(over_http(server.url, task_ids, sessions, args.seconds))
+            client_cpu = (cpu_seconds() - cpu) / remote.seconds
             rows.append((local, remote))
             print(
                 f"{sessions:>3} sessions | in-process {local.steps_per_s:7.1f} steps/s p50 {local.p50_ms:6.2f} ms"
                 f" p99 {local.p99_ms:6.2f} ms | http {remote.steps_per_s:7.1f} steps/s p50 {remote.p50_ms:6.2f}"
                 f" ms p99 {remote.p99_ms:6.2f} ms | http/in-process {remote.steps_per_s / local.steps_per_s:5.1%}"
-                f" | added p50 {remote.p50_ms - local.p50_ms:+.2f} ms",
+                f" | added p50 {remote.p50_ms - local.p50_ms:+.2f} ms | load generator CPU {client_cpu:.0%}",
                 flush=True,
             )
         memory = (

@@ -69,7 +69,7 @@ class ThreadEngines:
 
     async def start(self) -> None:
         if self._warm_up is not None:
-            self._warm_up()
+            await asyncio.to_thread(self._warm_up)
 
     async def build(self, deadline: float | None) -> TextEnv:
         return await self._run(self._factory, None, deadline)

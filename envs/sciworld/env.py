@@ -30,6 +30,9 @@ from agentgym.envs.sciworld.tasks import (
 )
 from agentgym.errors import SchemaError, UnknownTask
 
+WARM_START_S = 120.0
+"""How long a server's start waits for its warm JVMs (then it serves, and they keep starting)."""
+
 SIMPLIFICATIONS = (
     "teleportAction",
     "selfWateringFlowerPots",
@@ -151,8 +154,8 @@ class SciWorldEnv(TextEnv):
 
     def warm_engines(self, count: int) -> None:
         """Keep ``count`` JVMs of this process's pool started ahead (servers' ``--warm``;
-        in-process users get ``spare_jvms``)."""
-        self.pool.keep_warm(count)
+        in-process users get ``spare_jvms``), the first ones started before this returns."""
+        self.pool.keep_warm(count, wait_s=WARM_START_S)
 
     @classmethod
     def worker_config(cls, config: dict[str, Any], workers: int) -> dict[str, Any]:

@@ -53,6 +53,10 @@ def default_max_live(heap_mb: int) -> int:
     return max(2, min(64, psutil.virtual_memory().available // 2 // per_jvm))
 
 
+WARM_TASK = "find-plant"
+"""The task a spare JVM plays once before it is handed out (a short one)."""
+
+
 @dataclass(frozen=True)
 class JvmSettings:
     """How JVMs are started and pooled (one pool per distinct settings per process)."""
@@ -101,6 +105,13 @@ class Jvm:
     def pid(self) -> int:
         return self.process.pid
 
+    def warm(self) -> None:
+        """Play a short episode so the first real one does not pay the simulator's class
+        loading and first compilations (measured: a first load on a fresh JVM takes tens of
+        seconds on a busy 2-core machine)."""
+        self.engine.load(WARM_TASK, 0, "", True)
+        self.engine.step("look around")
+
     def alive(self) -> bool:
         return self.process.poll() is None
 
@@ -130,7 +141,7 @@ class JvmPool:
     def __init__(self, settings: JvmSettings) -> None:
         self.settings = settings
         self.max_live = settings.max_live or default_max_live(settings.heap_mb)
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()  # notified when a spare JVM is started (or fails to)
         self._idle: list[Jvm] = []
         self._busy: set[Jvm] = set()
         self._starting = 0
@@ -199,10 +210,13 @@ class JvmPool:
         for _ in range(wanted):
             threading.Thread(target=self._start_spare, name="sciworld-jvm-start", daemon=True).start()
 
-    def keep_warm(self, count: int) -> None:
-        """Keep ``count`` idle JVMs started ahead (and keep at least that many when released)."""
+    def keep_warm(self, count: int, wait_s: float = 0.0) -> None:
+        """Keep ``count`` idle JVMs started ahead (and keep at least that many when released);
+        wait up to ``wait_s`` seconds for the first ones to be up."""
         self.spare, self.max_idle = count, max(self.max_idle, count)
         self.top_up()
+        with self._lock:
+            self._lock.wait_for(lambda: len(self._idle) >= count or not self._starting, wait_s)
 
     def shutdown(self) -> None:
         """Stop every idle JVM now and every busy one when released. Idempotent."""
@@ -258,10 +272,19 @@ class JvmPool:
         try:
             jvm = self._start()
         except EngineError:
+            with self._lock:
+                self._lock.notify_all()
             return  # logged in _start; the next acquire starts its own
+        try:
+            jvm.warm()
+            usable = True
+        except Exception:
+            log.exception("a new ScienceWorld JVM failed its warm-up episode")
+            usable = False
         with self._lock:
             self._starting -= 1
-            if not self._closed:
+            self._lock.notify_all()
+            if usable and not self._closed:
                 self._idle.append(jvm)
                 return
         jvm.close()
