@@ -11,6 +11,7 @@ textworld, for the same episodes played three ways:
 
     python bench/rollout.py [--n 4] [--episodes 8] [--max-turns 3] [--max-new-tokens 48]
                             [--format plain] [--step-delay 0] [--step-delay 0.1:3.0] [--json out.json]
+                            [--prefix-cache on,off] [--show-actions]
 
 Variation comes from the real episodes: tasks of four challenges with different
 observations, replies of different lengths, and episodes that end early when the game
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -65,6 +67,7 @@ class StepDelay:
 @dataclass
 class Row:
     mode: str
+    prefix_cache: str
     step_delay: str
     episodes: int
     seconds: float
@@ -72,6 +75,8 @@ class Row:
     tokens_per_s: float
     rows_per_decode: float
     """Mean live batch: tokens sampled per decode forward."""
+    prompt_tokens: int
+    """Prompt tokens the model encoded (the rest came from the prefix cache)."""
     mean_turns: float
     env_steps: int
     """Turns whose reply parsed, so the env was stepped (and the step delay paid)."""
@@ -98,8 +103,14 @@ def run_mode(
     stop = ("\n",) if args.format == "plain" else ()
     sampling = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens, stop=stop)
     options = {"concurrency": args.n, **MODES[mode]}
-    config = RolloutConfig(max_turns=args.max_turns, sampling=sampling, format=args.format, **options)
-    before = (policy.stats.tokens, policy.stats.decode_steps)
+    config = RolloutConfig(
+        max_turns=args.max_turns,
+        sampling=sampling,
+        format=args.format,
+        show_actions=args.show_actions,
+        **options,
+    )
+    before = (policy.stats.tokens, policy.stats.decode_steps, policy.stats.prompt_tokens)
     start = time.perf_counter()
     trajectories = asyncio.run(run_episodes(url, policy, specs, config))
     seconds = time.perf_counter() - start
@@ -107,12 +118,14 @@ def run_mode(
     decodes = policy.stats.decode_steps - before[1]
     return Row(
         mode=mode if mode != "free" else f"free (N={args.n})",
+        prefix_cache="off" if policy.prefix_cache == 0 else "on",
         step_delay=delay,
         episodes=len(trajectories),
         seconds=round(seconds, 1),
         episodes_per_min=round(len(trajectories) / seconds * 60, 2),
         tokens_per_s=round(tokens / seconds, 1),
         rows_per_decode=round(tokens / max(decodes, 1), 2),
+        prompt_tokens=policy.stats.prompt_tokens - before[2],
         mean_turns=round(sum(t.turns for t in trajectories) / len(trajectories), 2),
         env_steps=sum(action is not None for t in trajectories for action in t.actions),
         errored=sum(t.errored for t in trajectories),
@@ -120,8 +133,8 @@ def run_mode(
     )
 
 
-COLUMNS = ("mode", "step delay s", "episodes", "wall s", "episodes/min", "gen tok/s", "rows/decode", "turns",
-           "env steps", "errors", "load")  # fmt: skip
+COLUMNS = ("mode", "prefix cache", "step delay s", "episodes", "wall s", "episodes/min", "gen tok/s",
+           "rows/decode", "prompt tok encoded", "turns", "env steps", "errors", "load")  # fmt: skip
 """Table headings, one per :class:`Row` field, in field order."""
 
 
@@ -153,11 +166,22 @@ def main() -> None:
         "replies parse and reach the env (in react it rarely writes an Action line)",
     )
     parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument(
+        "--prefix-cache",
+        default="on",
+        help="on, off or on,off: reuse of cached prompt prefixes (compare both)",
+    )
+    parser.add_argument(
+        "--show-actions",
+        action="store_true",
+        help="append the valid commands to observations (as training does)",
+    )
     args = parser.parse_args()
     delays = args.step_delay or ["0"]
-    policy = HFPolicy("smollm2-135m", device="cpu", max_batch_size=args.n)
     rows = []
-    for delay in delays:
+    for prefix, delay in itertools.product(args.prefix_cache.split(","), delays):
+        capacity = 0 if prefix == "off" else None
+        policy = HFPolicy("smollm2-135m", device="cpu", max_batch_size=args.n, prefix_cache=capacity)
         app = create_app(ServerConfig(env="textworld", max_sessions=max(64, args.n)))
         app.add_middleware(StepDelay, *parse_delay(delay))
         with serve_in_thread(app) as url:
@@ -168,12 +192,12 @@ def main() -> None:
             for mode in args.modes.split(","):
                 rows.append(run_mode(url, policy, specs, mode, args, delay))
                 print_table(rows[-1:])
+        asyncio.run(policy.close())
     print()
     print_table(rows)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump([asdict(row) for row in rows], handle, indent=2)
-    asyncio.run(policy.close())
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ class HFPolicy:
         dtype: torch dtype or its name; bf16 on GPU, fp32 on CPU by default.
         max_batch_size: requests decoded together at most.
         batch_wait_ms: how long an idle model waits after a request for others to batch with.
+        prefix_cache: encoded prompts (and replies) kept so a later prompt that starts with
+            one encodes only its new tokens; default 4 × ``max_batch_size``, 0 turns it off.
         name: recorded in trajectories; defaults to ``model``.
     """
 
@@ -44,6 +46,7 @@ class HFPolicy:
         dtype: torch.dtype | str | None = None,
         max_batch_size: int = 8,
         batch_wait_ms: float = 5.0,
+        prefix_cache: int | None = None,
         name: str | None = None,
     ) -> None:
         self.name = name or model
@@ -62,7 +65,13 @@ class HFPolicy:
             max_batch_size=max_batch_size,
             batch_wait_s=batch_wait_ms / 1000,
             max_positions=self.context_window,
+            prefix_cache=prefix_cache,
         )
+
+    @property
+    def prefix_cache(self) -> int:
+        """Encoded sequences kept for reuse (0: reuse is off)."""
+        return self._batcher.prefixes.capacity
 
     @property
     def stats(self) -> BatcherStats:
