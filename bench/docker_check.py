@@ -8,8 +8,8 @@ free host ports (GATEWAY_PORT, <ENV>_PORT), so a fleet already running on 8100-8
 alone; every env server's published ``/health`` and the gateway's are polled from the moment
 ``up`` starts (cold start = seconds from ``up`` until it answers, and from its container's
 start); then through the gateway, per env: ``agentgym check-env URL/envs/ENV`` and one expert
-episode on the first test task over the Python client; then ``COMPOSE down -v``
-(the cache volume too, so the next run starts cold again). Exit 1 if any check fails.
+episode on the first test task over the Python client; WebShop's browser mode once inside
+its container; then ``COMPOSE down -v`` (the cache volume too, so the next run starts cold). Exit 1 if any check fails.
 Not part of ``make test`` (minutes; needs a Docker engine): ``make docker-check``. Figures go
 to bench/RESULTS.md by hand.
 """
@@ -39,6 +39,13 @@ GATEWAY = "envs"
 PROJECT = "agentgym-check"
 AGENTGYM = str(Path(sys.executable).with_name("agentgym"))
 MAX_EXPERT_TURNS = 100
+BROWSER_SMOKE = (
+    "from agentgym.envs.webshop.env import WebShopEnv; "
+    "env = WebShopEnv(mode='browser', n_products=100, n_train=1, n_test=1, cache_dir='/tmp/smoke'); "
+    "print(env.reset(task_id='test/0')[0][:60])"
+)
+"""WebShop's browser mode (Playwright + chromium) on a tiny catalog inside the webshop container:
+the fleet serves text mode, so nothing else would notice a browser that cannot start."""
 HEALTH_TIMEOUT = 900.0
 """Seconds the fleet may take to become healthy (sciworld's JVM and textworld's first
 games on 2 busy cores take minutes)."""
@@ -165,6 +172,13 @@ def expert_episode(url: str) -> tuple[bool, int]:
     return bool(info.get("success")), turns
 
 
+def webshop_browser_mode(compose: list[str]) -> bool:
+    command = [*compose, "exec", "-T", "webshop", "python", "-c", BROWSER_SMOKE]
+    completed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    print("webshop browser mode:", completed.stdout.strip() or completed.stderr[-1000:], flush=True)
+    return completed.returncode == 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -198,7 +212,12 @@ def main() -> int:
             url = f"{gateway}/envs/{env}"
             figures[env].check_env = check_env(url)
             figures[env].expert_success, figures[env].expert_turns = expert_episode(url)
-        ok = ok and all(f.check_env and f.expert_success for f in figures.values() if f.service != GATEWAY)
+        browser = webshop_browser_mode(compose)
+        ok = (
+            ok
+            and browser
+            and all(f.check_env and f.expert_success for f in figures.values() if f.service != GATEWAY)
+        )
     finally:
         if not args.keep:
             run([*compose, "down", "-v"])
