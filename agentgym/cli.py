@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -64,6 +65,37 @@ def parse_settings(pairs: list[str]) -> dict[str, Any]:
     return settings
 
 
+FdOpt = Annotated[
+    int | None, typer.Option(hidden=True, help="A listening socket inherited from the launcher (internal).")
+]
+
+
+def listening_socket(host: str, port: int, fd: int | None, what: str) -> socket.socket:
+    """The socket a server command serves on: the one its launcher bound and handed down
+    (``--fd``), else one bound now, before anything is announced; a taken port exits 1."""
+    from agentgym.servers.launcher import PortInUse, bind_listener
+
+    if fd is not None:
+        return socket.socket(fileno=fd)
+    try:
+        return bind_listener(host, port, what)
+    except PortInUse as exc:
+        raise fail(f"{exc}; stop what holds it, or pick another --port") from None
+
+
+def run_uvicorn(application: Any, sock: socket.socket, host: str, port: int, log_level: str) -> None:
+    """Serve ``application`` on the already bound ``sock`` (``host``/``port`` only label the log)."""
+    import uvicorn
+
+    from agentgym.servers.launcher import KEEP_ALIVE_S
+
+    config = uvicorn.Config(
+        application, host=host, port=port, log_level=log_level, timeout_keep_alive=KEEP_ALIVE_S
+    )
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it handled; exit 0
+        uvicorn.Server(config).run(sockets=[sock])
+
+
 def require_env(name: str, url: str | None = None) -> None:
     """Exit 2 unless ``name`` is a registered env. An OpenEnv server (``url`` a ws:// URL)
     serves an env of its own: its name is checked against the server's instead."""
@@ -83,7 +115,13 @@ def serve(
     host: Annotated[
         str, typer.Option(help="Interface to bind; 0.0.0.0 exposes it to the network.")
     ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(envvar="AGENTGYM_PORT", help="TCP port.")] = 8000,
+    port: Annotated[
+        int | None,
+        typer.Option(
+            envvar="AGENTGYM_PORT",
+            help="TCP port (default: the env's port in the scheme of `agentgym envs`, textworld 8101).",
+        ),
+    ] = None,
     max_sessions: Annotated[int, typer.Option(min=1, help="Live sessions at most (429 beyond).")] = 64,
     ttl: Annotated[float, typer.Option(min=1, help="Idle seconds before a session is closed.")] = 600.0,
     token: Annotated[
@@ -103,17 +141,23 @@ def serve(
         list[str], typer.Option("--set", help="Environment setting KEY=VALUE (YAML value); repeatable.")
     ] = [],  # noqa: B006 - typer reads the default, never mutates it
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    fd: FdOpt = None,
 ) -> None:
     """Serve one environment over wire API v1 and the AgentGym-compatible routes."""
-    import uvicorn
-
     from agentgym.servers.app import ServerConfig, create_app
-    from agentgym.servers.launcher import KEEP_ALIVE_S
+    from agentgym.servers.launcher import default_port
 
     require_env(env)
+    env_config = parse_settings(settings)
+    try:
+        registry.check_settings(env, env_config)
+        port = port or default_port(env)  # ValueError: a bad AGENTGYM_BASE_PORT
+    except ValueError as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
+    sock = listening_socket(host, port, fd, f"agentgym serve {env}")
     config = ServerConfig(
         env=env,
-        env_config=parse_settings(settings),
+        env_config=env_config,
         max_sessions=max_sessions,
         ttl=ttl,
         token=token,
@@ -125,13 +169,35 @@ def serve(
     )
     try:
         application = create_app(config)
-    except TypeError as exc:  # a --set key the environment's constructor does not take
+    except TypeError as exc:  # a factory that takes **kwargs, refusing one of them
         raise fail(f"bad setting for {env!r}: {exc}", EXIT_USAGE) from None
-    uvicorn.run(application, host=host, port=port, log_level=log_level, timeout_keep_alive=KEEP_ALIVE_S)
+    console.print(f"serving {env} at http://{host}:{port}  (Ctrl-C stops)", soft_wrap=True)
+    run_uvicorn(application, sock, host, port, log_level)
     stuck = application.state.sessions.stuck_calls
     if stuck:  # Python would join those engine threads at exit, i.e. wait for ever
         console.print(f"{stuck} engine call(s) still stuck past their deadline; exiting without them")
         os._exit(0)
+
+
+BasePortOpt = Annotated[
+    int | None,
+    typer.Option(
+        envvar="AGENTGYM_BASE_PORT",
+        min=1,
+        max=65435,
+        help="Base of the port scheme: the gateway listens on it, each env on it + its offset "
+        "(textworld +1, webshop +2, search +3, sciworld +4, choice +5, math +6). Default 8100.",
+    ),
+]
+
+
+def _base_port(given: int | None) -> int:
+    from agentgym.servers.launcher import base_port
+
+    try:
+        return given or base_port()
+    except ValueError as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
 
 
 def parse_replica_counts(specs: list[str]) -> dict[str, int]:
@@ -174,27 +240,33 @@ def gateway(
         Path | None, typer.Option(exists=True, dir_okay=False, help="YAML: {replicas: {ENV: [URL, ...]}}.")
     ] = None,
     host: Annotated[str, typer.Option(help="Interface to bind; 0.0.0.0 exposes it.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(envvar="AGENTGYM_PORT", help="TCP port.")] = 8100,
+    port: Annotated[
+        int | None, typer.Option(envvar="AGENTGYM_PORT", help="TCP port (default: the base port, 8100).")
+    ] = None,
     health_interval: Annotated[float, typer.Option(min=0.1, help="Seconds between replica polls.")] = 2.0,
     timeout: Annotated[float, typer.Option(min=1, help="Seconds a forwarded request may take.")] = 120.0,
     max_body_bytes: Annotated[int, typer.Option(min=1, help="Larger request bodies get 413.")] = 64 * 1024,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    fd: FdOpt = None,
 ) -> None:
     """Serve /envs/ENV/... from replicas of each env: new sessions to the least-loaded
     healthy replica, every later call of a session to its replica."""
-    import uvicorn
-
     from agentgym.servers.gateway import GatewayConfig, create_gateway_app
-    from agentgym.servers.launcher import KEEP_ALIVE_S
+    from agentgym.servers.launcher import base_port
 
+    try:
+        port = port or base_port()
+    except ValueError as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
     settings = GatewayConfig(
         parse_replica_urls(replica, config),
         health_interval=health_interval,
         timeout=timeout,
         max_body_bytes=max_body_bytes,
     )
-    application = create_gateway_app(settings)
-    uvicorn.run(application, host=host, port=port, log_level=log_level, timeout_keep_alive=KEEP_ALIVE_S)
+    sock = listening_socket(host, port, fd, "agentgym gateway")
+    console.print(f"gateway at http://{host}:{port}/envs/ENV  (Ctrl-C stops)", soft_wrap=True)
+    run_uvicorn(create_gateway_app(settings), sock, host, port, log_level)
 
 
 @app.command()
@@ -210,25 +282,34 @@ def up(
         bool | None,
         typer.Option("--gateway/--no-gateway", help="Put a gateway in front (default: if any ENV=N)."),
     ] = None,
-    gateway_port: Annotated[int, typer.Option(help="The gateway's port (if free).")] = 8100,
+    base_port: BasePortOpt = None,
+    gateway_port: Annotated[
+        int | None, typer.Option(help="The gateway's port (default: the base port).")
+    ] = None,
 ) -> None:
-    """Start local env servers as subprocesses (with ENV=N, N replicas behind a gateway);
+    """Start local env servers as subprocesses, each on its port of the scheme (base port +
+    the env's offset; with ENV=N, N replicas on free ports behind a gateway on the base port);
     a server that dies is reported and restarted with backoff; Ctrl-C stops them all."""
-    from agentgym.servers.launcher import Supervisor, serve_fleet, serve_processes
+    from agentgym.servers.launcher import PortInUse, Supervisor, serve_fleet, serve_processes
 
     specs = envs or registry.names()
     counts = parse_replica_counts(specs)
+    base = _base_port(base_port)
     if use_gateway is None:
         use_gateway = any("=" in spec for spec in specs)
     os.makedirs(log_dir, exist_ok=True)
     if use_gateway:
+        gateway_port = gateway_port or base
         starting = serve_fleet(counts, host=host, log_dir=log_dir, timeout=timeout, gateway_port=gateway_port)
     else:
-        starting = serve_processes(list(counts), host=host, log_dir=log_dir, timeout=timeout)
+        starting = serve_processes(list(counts), host=host, log_dir=log_dir, timeout=timeout, base=base)
     with console.status(f"starting {', '.join(specs)} ..."):
         stack = contextlib.ExitStack()
         try:
             servers = stack.enter_context(starting)
+        except PortInUse as exc:
+            stack.close()
+            raise fail(f"{exc}: stop what holds it, or move every port with --base-port") from None
         except (RuntimeError, TimeoutError) as exc:
             stack.close()
             raise fail(f"{exc} (see the logs in {log_dir}/)") from None
@@ -259,20 +340,21 @@ def _print_servers(servers: list[ServerProcess], gateway_envs: list[str]) -> Non
 @app.command("envs")
 def list_envs(
     host: Annotated[str, typer.Option(help="Where to look for running servers.")] = "127.0.0.1",
+    base_port: BasePortOpt = None,
 ) -> None:
-    """List registered environments and whether a server runs on its default port."""
-    from agentgym.servers.launcher import DEFAULT_PORTS
+    """List registered environments, their default URL (the port scheme `serve`, `up` and
+    the Gymnasium adapter use) and whether a server runs there."""
+    from agentgym.servers.launcher import default_port
 
-    table = Table("env", "default url", "running", "sessions")
+    base = _base_port(base_port)
+    table = Table("env", "default url", "running", "sessions", title=f"base port {base}")
     for name in registry.names():
-        port = DEFAULT_PORTS.get(name)
-        url = f"http://{host}:{port}" if port else "-"
+        url = f"http://{host}:{default_port(name, base)}"
         running, sessions = "no", "-"
-        if port:
-            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
-                health = httpx.get(f"{url}/health", timeout=1.0).json()
-                if health.get("env") == name:
-                    running, sessions = "[green]yes[/]", f"{health['sessions']}/{health['capacity']}"
+        with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+            health = httpx.get(f"{url}/health", timeout=1.0).json()
+            if health.get("env") == name:
+                running, sessions = "[green]yes[/]", f"{health['sessions']}/{health['capacity']}"
         table.add_row(name, url, running, sessions)
     console.print(table)
 
@@ -767,8 +849,6 @@ def view(
     import threading
     import webbrowser
 
-    import uvicorn
-
     from agentgym.viewer import NotTrajectoryFile, create_app
     from agentgym.viewer.app import viewer_hosts
 
@@ -779,11 +859,12 @@ def view(
     info = application.state.index.facets()
     if not info["episodes"] and not (path / "metrics.jsonl").is_file():
         raise fail(f"{path} holds no trajectory JSONL and no metrics.jsonl", EXIT_USAGE)
+    sock = listening_socket(host, port, None, "agentgym view")  # the URL is announced only once it is ours
     url = f"http://{host}:{port}/"
     console.print(f"viewing {path} ({info['episodes']} episodes) at {url}  (Ctrl-C stops)")
-    if open_browser:  # after a moment, so the server is listening when the browser asks
-        threading.Timer(1.0, webbrowser.open, [url]).start()
-    uvicorn.run(application, host=host, port=port, log_level="warning")
+    if open_browser:  # the socket listens already: the browser's request waits in its backlog
+        threading.Thread(target=webbrowser.open, args=[url], daemon=True).start()
+    run_uvicorn(application, sock, host, port, "warning")
 
 
 @app.command("export")

@@ -123,8 +123,8 @@ async def check_server(url: str, env: str, token: str | None = None) -> Metadata
 
 @contextlib.contextmanager
 def env_server(env: str, url: str | None, log_dir: Path, timeout: float = 180.0) -> Iterator[str]:
-    """``url`` as given, or a local server for ``env`` started like ``agentgym up`` does
-    (log in ``log_dir``) and stopped on exit."""
+    """``url`` as given, or a local server for ``env`` on a free port (so it never takes the
+    port ``agentgym up`` would use), logging to ``log_dir``, stopped on exit."""
     if url is not None:
         yield url
         return

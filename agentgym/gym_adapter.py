@@ -159,12 +159,11 @@ class AgentGymEnv(gym.Env[str, str]):
 
 
 def _local_url(env_name: str) -> str:
-    """Where ``agentgym up`` serves ``env_name`` on this machine."""
-    from agentgym.servers.launcher import DEFAULT_PORTS
+    """Where ``agentgym serve`` and ``agentgym up`` serve ``env_name`` on this machine by
+    default (the port scheme, ``$AGENTGYM_BASE_PORT`` included)."""
+    from agentgym.servers.launcher import default_port
 
-    if env_name not in DEFAULT_PORTS:
-        raise ValueError(f"no default port for {env_name!r}; pass base_url=")
-    return f"http://127.0.0.1:{DEFAULT_PORTS[env_name]}"
+    return f"http://127.0.0.1:{default_port(env_name)}"
 
 
 def register_envs() -> list[str]:

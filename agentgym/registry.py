@@ -15,8 +15,9 @@ registered name wins over an entry point of the same name.
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -98,6 +99,30 @@ def _import(name: str, spec: str) -> EnvFactory:
     if not callable(factory):
         raise UnknownEnv(f"environment {name!r} ({spec}) is not callable")
     return factory
+
+
+def setting_names(name: str) -> list[str] | None:
+    """The keyword settings environment ``name`` takes (``agentgym serve ENV --set KEY=...``);
+    None when its factory takes any (``**kwargs``) or does not say."""
+    try:
+        parameters = inspect.signature(resolve(name)).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    return [p.name for p in parameters if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def check_settings(name: str, settings: Iterable[str]) -> None:
+    """``ValueError`` naming the valid keys when ``settings`` holds a key env ``name`` does not take."""
+    given = set(settings)
+    valid = setting_names(name) if given else None
+    unknown = sorted(given - set(valid)) if valid is not None else []
+    if unknown:
+        raise ValueError(
+            f"unknown setting{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} for {name!r}; "
+            f"valid: {', '.join(valid) or '(none)'}"
+        )
 
 
 def make(name: str, **config: Any) -> TextEnv:

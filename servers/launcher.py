@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -26,24 +27,69 @@ KEEP_ALIVE_S = 65
 """Server-side idle keep-alive. Clients (httpx: 5 s) must drop idle connections first;
 equal timeouts race, and a request sent on a connection the server is closing fails."""
 
-DEFAULT_PORTS = {
-    "textworld": 8101,
-    "webshop": 8102,
-    "search": 8103,
-    "sciworld": 8104,
-    "choice": 8105,
-    "math": 8106,
-}
-"""Ports ``agentgym up`` gives the built-in environments; others get the next free port."""
+BASE_PORT = 8100
+"""The port scheme, one for every surface (``serve``, ``up``, ``gateway``, ``envs``, the
+Gymnasium adapter, docker compose): the gateway listens on the base port and each env
+server on the base plus its offset. ``AGENTGYM_BASE_PORT`` (or ``up --base-port``) moves
+all of them together."""
 
-GATEWAY_PORT = 8100
-"""Default port of ``agentgym gateway`` and of the gateway ``agentgym up env=N`` starts."""
+BASE_PORT_VARIABLE = "AGENTGYM_BASE_PORT"
+
+ENV_PORT_OFFSETS = {"textworld": 1, "webshop": 2, "search": 3, "sciworld": 4, "choice": 5, "math": 6}
+"""The built-in environments' fixed offsets (textworld: 8101, ..., math: 8106)."""
+
+PLUGIN_OFFSETS = range(10, 100)
+"""Other environments (plugins, tests) get an offset in this range from a hash of their
+name: the same on every machine, whatever else is installed."""
+
+
+class PortInUse(RuntimeError):
+    """A server's port is taken by another process."""
+
+
+def base_port() -> int:
+    """``$AGENTGYM_BASE_PORT``, else :data:`BASE_PORT`."""
+    value = os.environ.get(BASE_PORT_VARIABLE, "")
+    if not value.strip():
+        return BASE_PORT
+    if not value.strip().isdigit() or not 0 < int(value) < 65536 - PLUGIN_OFFSETS.stop:
+        raise ValueError(f"{BASE_PORT_VARIABLE} must be a port number below {65536 - PLUGIN_OFFSETS.stop}")
+    return int(value)
+
+
+def default_port(env: str, base: int | None = None) -> int:
+    """Where ``env``'s server listens unless told otherwise: ``base`` (default
+    :func:`base_port`) plus the env's offset."""
+    offset = ENV_PORT_OFFSETS.get(env)
+    if offset is None:
+        offset = PLUGIN_OFFSETS[zlib.crc32(env.encode()) % len(PLUGIN_OFFSETS)]
+    return (base_port() if base is None else base) + offset
 
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free right now (tests; it can be taken before you bind it: servers started
+    here bind through :func:`bind_listener` instead)."""
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def bind_listener(host: str, port: int, what: str = "the server") -> socket.socket:
+    """A listening TCP socket on ``host:port`` (0: a free port), bound before anything is
+    announced or started, so no other process can take the port in between. ``PortInUse``
+    (saying who asked for it) when the port is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    # Like uvicorn: a restarted server may rebind while old connections sit in TIME_WAIT.
+    # On Linux this never lets two sockets listen on one port.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise PortInUse(f"cannot listen on {host}:{port} for {what}: {exc.strerror or exc}") from None
+    sock.listen(2048)
+    return sock
 
 
 def wait_healthy(url: str, timeout: float = 120.0, process: subprocess.Popen | None = None) -> None:
@@ -87,11 +133,16 @@ class ServerProcess:
     log_path: str | None = None
     extra_args: list[str] = field(default_factory=list)
     command: list[str] = field(default_factory=list)
-    """The full command line, so that a supervisor can start it again (same port, same URL)."""
+    """The command line (without ``--fd``), so that a supervisor can start it again on the
+    same port (same URL)."""
+    host: str = "127.0.0.1"
+    port: int = 0
 
     def restart(self) -> None:
-        """Start the command again in place of a process that exited."""
-        self.process = _popen(self.command, self.log_path)
+        """Start the command again in place of a process that exited, on its port bound
+        afresh: ``PortInUse`` when another process took the port meanwhile."""
+        with contextlib.closing(bind_listener(self.host, self.port, self.env)) as listener:
+            self.process = _popen(self.command, self.log_path, listener)
 
     def stop(self, timeout: float = 15.0) -> int:
         """SIGINT (uvicorn's graceful shutdown), then SIGKILL if it hangs."""
@@ -113,8 +164,10 @@ def start_server_process(
     extra_args: list[str] | None = None,
     log_path: str | None = None,
 ) -> ServerProcess:
-    """Launch ``agentgym serve ENV`` as a child process (not yet waited for)."""
-    return _spawn(env, ["serve", env], host, port, extra_args or [], log_path)
+    """Launch ``agentgym serve ENV`` as a child process (not yet waited for) on ``port``
+    (None: a free one), bound here first: ``PortInUse`` when it is taken."""
+    listener = bind_listener(host, port or 0, env)
+    return _spawn(env, ["serve", env], host, listener, extra_args or [], log_path)
 
 
 def start_gateway_process(
@@ -123,25 +176,44 @@ def start_gateway_process(
     host: str = "127.0.0.1",
     port: int | None = None,
     log_path: str | None = None,
+    listener: socket.socket | None = None,
 ) -> ServerProcess:
-    """Launch ``agentgym gateway`` in front of ``replicas`` (env -> URLs) as a child process."""
+    """Launch ``agentgym gateway`` in front of ``replicas`` (env -> URLs) as a child process,
+    on ``listener`` (a socket already bound for it) or else on ``port`` (None: a free one)."""
     flags = [arg for env, urls in replicas.items() for url in urls for arg in ("--replica", f"{env}={url}")]
-    return _spawn("gateway", ["gateway"], host, port, flags, log_path)
+    listener = listener or bind_listener(host, port or 0, "the gateway")
+    return _spawn("gateway", ["gateway"], host, listener, flags, log_path)
 
 
 def _spawn(
-    name: str, command: list[str], host: str, port: int | None, extra_args: list[str], log_path: str | None
+    name: str,
+    command: list[str],
+    host: str,
+    listener: socket.socket,
+    extra_args: list[str],
+    log_path: str | None,
 ) -> ServerProcess:
-    port = port or free_port(host)
+    """Start ``agentgym COMMAND`` on ``listener``, which the child inherits and owns from
+    then on (this process closes its copy, so a server that dies refuses connections
+    instead of leaving them queued)."""
+    port = listener.getsockname()[1]
     cmd = [sys.executable, "-m", "agentgym.cli", *command, "--host", host, "--port", str(port), *extra_args]
-    return ServerProcess(name, f"http://{host}:{port}", _popen(cmd, log_path), log_path, extra_args, cmd)
+    with contextlib.closing(listener):
+        process = _popen(cmd, log_path, listener)
+    return ServerProcess(name, f"http://{host}:{port}", process, log_path, extra_args, cmd, host, port)
 
 
-def _popen(cmd: list[str], log_path: str | None) -> subprocess.Popen:
+def _popen(cmd: list[str], log_path: str | None, listener: socket.socket) -> subprocess.Popen:
+    """Start ``cmd`` serving on ``listener`` (handed down as ``--fd``)."""
     log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - handed to the child
     try:
         return subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ}, preexec_fn=_die_with_parent
+            [*cmd, "--fd", str(listener.fileno())],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ},
+            preexec_fn=_die_with_parent,
+            pass_fds=(listener.fileno(),),
         )
     finally:
         if log_path:
@@ -150,12 +222,18 @@ def _popen(cmd: list[str], log_path: str | None) -> subprocess.Popen:
 
 @contextlib.contextmanager
 def serve_processes(
-    envs: list[str], host: str = "127.0.0.1", log_dir: str | None = None, timeout: float = 180.0
+    envs: list[str],
+    host: str = "127.0.0.1",
+    log_dir: str | None = None,
+    timeout: float = 180.0,
+    base: int | None = None,
 ) -> Iterator[list[ServerProcess]]:
-    """Start one server process per env, wait until all are healthy, stop them all on exit."""
+    """Start one server process per env, each on its :func:`default_port` under ``base``
+    (None: on free ports), wait until all are healthy, stop them all on exit.
+    ``PortInUse`` when a port is taken."""
     with _stopped_on_exit() as servers:
         for env in envs:
-            port = DEFAULT_PORTS.get(env) if _port_free(host, DEFAULT_PORTS.get(env)) else None
+            port = default_port(env, base) if base is not None else None
             servers.append(start_server_process(env, host=host, port=port, log_path=_log(log_dir, env)))
         _wait_all(servers, timeout)
         yield servers
@@ -167,19 +245,25 @@ def serve_fleet(
     host: str = "127.0.0.1",
     log_dir: str | None = None,
     timeout: float = 180.0,
-    gateway_port: int = GATEWAY_PORT,
+    gateway_port: int = BASE_PORT,
 ) -> Iterator[list[ServerProcess]]:
     """Start ``replicas[env]`` server processes per env (on free ports) and a gateway in
-    front of them (on ``gateway_port`` if free); the gateway comes last in the yielded list.
-    Waits until all are healthy, stops them all on exit."""
-    with _stopped_on_exit() as servers:
+    front of them on ``gateway_port``; the gateway comes last in the yielded list.
+    Waits until all are healthy, stops them all on exit. ``PortInUse`` when the gateway's
+    port is taken (checked first, before any replica starts)."""
+    # The gateway's port is bound first and held, so nobody takes it while the replicas start.
+    with (
+        _stopped_on_exit() as servers,
+        contextlib.closing(bind_listener(host, gateway_port, "the gateway")) as gateway,
+    ):
         for env, count in replicas.items():
             for i in range(1, count + 1):
                 servers.append(start_server_process(env, host=host, log_path=_log(log_dir, f"{env}-{i}")))
         _wait_all(servers, timeout)
         urls = {env: [s.url for s in servers if s.env == env] for env in replicas}
-        port = gateway_port if _port_free(host, gateway_port) else None
-        servers.append(start_gateway_process(urls, host=host, port=port, log_path=_log(log_dir, "gateway")))
+        servers.append(
+            start_gateway_process(urls, host=host, log_path=_log(log_dir, "gateway"), listener=gateway)
+        )
         _wait_all(servers[-1:], timeout)
         yield servers
 
@@ -227,10 +311,14 @@ class Supervisor:
             return f"{server.env} at {server.url} (pid {server.process.pid}) exited with code {code}; restarting in {state.backoff:g}s"
         if now < state.due:
             return None
-        server.restart()
+        state.backoff = min(state.backoff * 2, self.max_backoff)
+        try:
+            server.restart()
+        except PortInUse as exc:  # another process took the port while the server was down
+            state.due = now + state.backoff
+            return f"{server.env} not restarted: {exc}; trying again in {state.backoff:g}s"
         self.restarts += 1
         state.due, state.started = None, now
-        state.backoff = min(state.backoff * 2, self.max_backoff)
         return f"{server.env} restarted at {server.url} (pid {server.process.pid})"
 
 
@@ -264,14 +352,3 @@ def _die_with_parent() -> None:
 
 
 PR_SET_PDEATHSIG = 1
-
-
-def _port_free(host: str, port: int | None) -> bool:
-    if port is None:
-        return False
-    with socket.socket() as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True

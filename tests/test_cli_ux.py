@@ -1,0 +1,143 @@
+"""Issue 21 items 4 and 6 through the CLI a user types: one port scheme shared by `serve`,
+`up`, `envs` and the Gymnasium adapter, ports bound before they are announced, local
+servers of `eval` on free ports; examples in every `--help`, `train --print-config`,
+shipped recipes, and `--set` keys checked against the valid ones.
+
+The port scheme is the documented one (docs/deployment.md): the base port (8100,
+`$AGENTGYM_BASE_PORT`, `up --base-port`) plus a fixed offset per env, choice +5. Tests
+never bind fixed ports: they put the base where a free port lands on the env they use."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import gymnasium
+import httpx
+import psutil
+import pytest
+from conftest import read_until, stop_with_ctrl_c
+from typer.testing import CliRunner
+
+import agentgym.gym_adapter  # noqa: F401 - registers agentgym/<name>-v0
+from agentgym.cli import app
+from agentgym.servers.launcher import free_port
+
+runner = CliRunner()
+CHOICE_OFFSET = 5
+"""choice's offset in the documented port scheme."""
+CHOICE_SCHEME_PORT = 8100 + CHOICE_OFFSET
+
+
+def run_cli(args: list[str], **env: str) -> subprocess.Popen:
+    """``agentgym ARGS`` as a user runs it, output readable line by line."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "agentgym.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "COLUMNS": "200", **env},
+    )
+
+
+def answers(url: str, timeout: float = 120.0) -> dict | None:
+    """``url/health``'s JSON once it answers, None if it never does within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            return httpx.get(f"{url}/health", timeout=2.0).json()
+        except httpx.TransportError:
+            time.sleep(0.2)
+    return None
+
+
+@contextmanager
+def held_port() -> Iterator[int]:
+    """A port another process holds (a bare listening socket that never answers)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+# ----- one port story (item 4) ---------------------------------------------------------------
+
+
+def test_serve_envs_and_the_gym_adapter_agree_on_the_default_port(monkeypatch) -> None:
+    port = free_port()
+    base = str(port - CHOICE_OFFSET)
+    monkeypatch.setenv("AGENTGYM_BASE_PORT", base)
+    server = run_cli(["serve", "choice", "--log-level", "warning"], AGENTGYM_BASE_PORT=base)
+    try:
+        health = answers(f"http://127.0.0.1:{port}", timeout=60)
+        assert health is not None and health["env"] == "choice", "serve did not listen on choice's port"
+        listed = runner.invoke(app, ["envs"], env={"COLUMNS": "200"})
+        row = next(line for line in listed.output.splitlines() if "choice" in line)
+        assert f"http://127.0.0.1:{port}" in row and "yes" in row, listed.output
+
+        env = gymnasium.make("agentgym/choice-v0")  # no base_url: the scheme's
+        try:
+            observation, info = env.reset(seed=0)
+            assert observation and info["task_id"]
+        finally:
+            env.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_up_base_port_moves_every_server(tmp_path: Path) -> None:
+    port = free_port()
+    proc = run_cli(["up", "choice", "--base-port", str(port - CHOICE_OFFSET), "--log-dir", str(tmp_path)])
+    try:
+        output = read_until(proc, "Ctrl-C", 180)
+        assert f"http://127.0.0.1:{port}" in output, output
+        assert (answers(f"http://127.0.0.1:{port}", timeout=10) or {}).get("env") == "choice"
+        stop_with_ctrl_c(proc, psutil.Process(proc.pid).children(recursive=True), output)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.parametrize("spec", ["choice", "choice=2"])
+def test_up_on_a_taken_port_fails_at_once_naming_it(spec: str, tmp_path: Path) -> None:
+    with held_port() as port:
+        # choice alone listens on base + 5; with replicas, the gateway listens on the base
+        base = port - CHOICE_OFFSET if spec == "choice" else port
+        result = runner.invoke(app, ["up", spec, "--base-port", str(base), "--log-dir", str(tmp_path)])
+    assert result.exit_code == 1, result.output
+    assert f"127.0.0.1:{port}" in result.output and "in use" in result.output, result.output
+    assert "--base-port" in result.output  # says how to move out of the way
+    assert not list(tmp_path.glob("choice*.log"))  # failed before starting any server
+
+
+def test_eval_starts_its_local_server_on_a_free_port(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("AGENTGYM_BASE_PORT", raising=False)
+    result = runner.invoke(
+        app, ["eval", "--env", "choice", "--policy", "expert", "--n", "1", "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 0, result.output
+    log = (tmp_path / "servers" / "choice.log").read_text()
+    ports = re.findall(r"http://127\.0\.0\.1:(\d+)", log)  # the server says where it listens
+    assert ports, log
+    assert CHOICE_SCHEME_PORT not in map(int, ports)  # where `agentgym up` / `serve choice` listen
+
+
+def test_view_checks_its_port_before_announcing_it(tmp_path: Path) -> None:
+    trajectories = tmp_path / "trajectories.jsonl"
+    record = {"env": "choice", "task_id": "t", "messages": [{"role": "user", "content": "hi"}], "turns": 1}
+    trajectories.write_text(json.dumps(record) + "\n")
+    with held_port() as port:
+        proc = run_cli(["view", str(trajectories), "--port", str(port), "--no-open"])
+        output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, output
+    assert f"127.0.0.1:{port}" in output and "in use" in output, output
+    assert "viewing" not in output  # no URL announced that nobody serves
