@@ -8,7 +8,8 @@ folder of https://github.com/WooooDyy/AgentGym (or the repository's root). Getti
 the user's step (``git clone https://github.com/WooooDyy/AgentGym``); nothing of it is
 vendored here. It needs ``fastapi``, ``uvicorn`` and ``scienceworld``, which this
 project's environment already has, so it runs on this interpreter with ``PATH`` on its
-``PYTHONPATH`` (``uvicorn agentenv_sciworld:app``).
+``PYTHONPATH`` (``uvicorn agentenv_sciworld:app``). Its JVMs get the same heap cap as
+ours (``-Xmx512m`` through ``JAVA_TOOL_OPTIONS``; ``--peer-heap-mb 0`` leaves its default).
 
 Both servers start fresh, each with its own empty ``TMPDIR``, and are driven the same way
 through AgentGym's routes, which ours serves too: a load ``SxExN`` is S concurrent
@@ -44,7 +45,7 @@ import httpx
 import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))  # run as a script: share bench/server.py's helpers
-from server import percentile
+from server import percentile as _percentile
 
 from agentgym.servers.launcher import start_server_process, wait_healthy
 
@@ -95,6 +96,11 @@ class Server:
     tmpdir: Path
     stop: object
     memory: dict = field(default_factory=dict)
+
+
+def percentile(samples: list[float], q: int) -> float:
+    """In ms; a single sample (one create at 1 x 1) is its own percentile."""
+    return samples[0] * 1000 if len(samples) == 1 else _percentile(samples, q)
 
 
 def play(url: str, load: Load, client: int) -> tuple[list[float], list[float], list[float], int]:
@@ -188,12 +194,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_peer(path: Path, tmpdir: Path) -> Server:
+def start_peer(path: Path, tmpdir: Path, heap_mb: int) -> Server:
     folder = path / "agentenv-sciworld" if (path / "agentenv-sciworld").is_dir() else path
     if not (folder / "agentenv_sciworld" / "server.py").is_file():
         sys.exit(f"{path} holds no agentenv_sciworld/server.py (AgentGym's agentenv-sciworld folder)")
     port = free_port()
     env = {**os.environ, "TMPDIR": str(tmpdir), "PYTHONPATH": str(folder)}
+    if heap_mb:  # the same heap cap as our JVMs (its own launch passes no -Xmx)
+        env["JAVA_TOOL_OPTIONS"] = f"-Xmx{heap_mb}m"
     command = [sys.executable, "-m", "uvicorn", "agentenv_sciworld:app", "--host", "127.0.0.1"]
     process = subprocess.Popen(
         [*command, "--port", str(port), "--log-level", "warning"],
@@ -278,6 +286,12 @@ def main() -> None:
     parser.add_argument("--loads", nargs="+", default=["1x1x80", "4x1x80", "16x1x80", "16x3x20"])
     parser.add_argument("--warm", type=int, default=16, help="our server's --warm")
     parser.add_argument("--max-sessions", type=int, default=64, help="our server's --max-sessions")
+    parser.add_argument(
+        "--peer-heap-mb",
+        type=int,
+        default=512,
+        help="-Xmx of AgentGym's JVMs (0: the JVM's default, 1/4 of RAM)",
+    )
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
     loads = [Load.parse(text) for text in args.loads]
@@ -285,7 +299,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         peer_tmp, ours_tmp = Path(root, "peer"), Path(root, "ours")
         peer_tmp.mkdir(), ours_tmp.mkdir()
-        servers = [start_peer(args.peer, peer_tmp), start_ours(args.warm, args.max_sessions, ours_tmp)]
+        servers = [
+            start_peer(args.peer, peer_tmp, args.peer_heap_mb),
+            start_ours(args.warm, args.max_sessions, ours_tmp),
+        ]
         runs: list[Run] = []
         try:
             for server in servers:

@@ -36,7 +36,8 @@ from agentgym.servers.app import ServerConfig, engine_host
 from agentgym.servers.launcher import start_server_process, wait_healthy
 from agentgym.servers.sessions import Session, SessionManager
 
-ENDLESS = {"max_turns": 10**9}
+ENDLESS = {"max_turns": 100_000}
+"""The longest turn limit the servers accept: episodes that never end within a run."""
 ACTIONS = ("look", "inventory")
 
 
@@ -95,6 +96,17 @@ async def in_process(env_name: str, task_ids: list[str], sessions: int, seconds:
     finally:
         await manager.shutdown()
         catalog.close()
+
+
+def prepare(env_name: str) -> None:
+    """Finish the env's shared preparation (textworld: generate every game into the cache the
+    server shares) before measuring, so no generation runs beside either mode."""
+    catalog = registry.make(env_name)
+    catalog.warm_up()
+    store = getattr(catalog, "store", None)
+    while store is not None and store.pending():
+        time.sleep(1)
+    catalog.close()
 
 
 def tree_rss(pid: int) -> int:
@@ -195,6 +207,7 @@ def main() -> None:
     try:
         wait_healthy(server.url, 300, server.process)
         task_ids = asyncio.run(_test_task_ids(server.url))
+        prepare(args.env)
         rows = []
         for sessions in args.sessions:
             local = asyncio.run(in_process(args.env, task_ids, sessions, args.seconds))

@@ -48,6 +48,19 @@ class ServerMetrics:
                 lambda name=name: getattr(sessions.stats, name),
             )
 
+        self._gauge(
+            "agentgym_engine_workers",
+            "Live engine worker processes",
+            labels,
+            lambda: len(sessions.host.pids()),
+        )
+        self._gauge(
+            "agentgym_engine_workers_replaced",
+            "Engine worker processes replaced after they died, since start",
+            labels,
+            lambda: sessions.host.replaced,
+        )
+
     def _gauge(self, name: str, doc: str, labels: dict[str, str], read: Callable[[], float]) -> None:
         gauge = Gauge(name, doc, list(labels), registry=self.registry)
         gauge.labels(**labels).set_function(read)

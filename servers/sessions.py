@@ -41,7 +41,13 @@ class EngineHost(Protocol):
     ``last_observation``, ``last_info``) for the routes that read a session without a call."""
 
     stuck_calls: int
+    replaced: int
+    """Worker processes replaced after they died (0 for threads)."""
     on_lost: Callable[[list[Any], str], None]
+
+    def pids(self) -> list[int]:
+        """Process ids of the live worker processes (none for threads)."""
+        ...
 
     async def start(self) -> None: ...
     async def build(self, deadline: float | None) -> Any: ...
@@ -65,11 +71,15 @@ class ThreadEngines:
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="engine")
         self.stuck_calls = 0
         """Engine calls past their deadline that have not returned yet."""
+        self.replaced = 0
         self.on_lost: Callable[[list[Any], str], None] = lambda engines, reason: None
 
     async def start(self) -> None:
         if self._warm_up is not None:
             await asyncio.to_thread(self._warm_up)
+
+    def pids(self) -> list[int]:
+        return []
 
     async def build(self, deadline: float | None) -> TextEnv:
         return await self._run(self._factory, None, deadline)

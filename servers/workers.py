@@ -317,9 +317,12 @@ class WorkerEngines:
             starting = [w for w in self.workers if w.alive]
             if not starting:
                 raise EngineError("no engine worker is running")
-            await asyncio.wait(
-                [asyncio.ensure_future(w.ready.wait()) for w in starting], return_when=asyncio.FIRST_COMPLETED
-            )
+            waits = [asyncio.ensure_future(w.ready.wait()) for w in starting]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
             ready = [w for w in starting if w.alive and w.ready.is_set()]
             if not ready:
                 raise EngineError("the engine workers failed to start; see the server log")

@@ -85,6 +85,7 @@ def test_a_killed_worker_fails_only_its_sessions_and_is_replaced() -> None:
         fresh = create(http)
         assert step(http, fresh, fresh["info"]["expert_action"]).status_code == 200
         assert engine_errors(http) == before + len(lost)
+        assert 'agentgym_engine_workers_replaced{env="textworld"} 1.0' in http.get("/metrics").text
         assert http.get("/health").json()["sessions"] == len(kept) + 1
         workers = app.state.sessions.host.pids()
         assert victim not in workers and len(workers) == 2  # replaced
