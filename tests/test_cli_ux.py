@@ -24,12 +24,15 @@ import gymnasium
 import httpx
 import psutil
 import pytest
+import yaml
 from conftest import read_until, stop_with_ctrl_c
 from typer.testing import CliRunner
 
 import agentgym.gym_adapter  # noqa: F401 - registers agentgym/<name>-v0
 from agentgym.cli import app
 from agentgym.servers.launcher import free_port
+from agentgym.trainers.config import TrainConfig
+from agentgym.trainers.registry import PRESETS
 
 runner = CliRunner()
 CHOICE_OFFSET = 5
@@ -141,3 +144,107 @@ def test_view_checks_its_port_before_announcing_it(tmp_path: Path) -> None:
     assert proc.returncode == 1, output
     assert f"127.0.0.1:{port}" in output and "in use" in output, output
     assert "viewing" not in output  # no URL announced that nobody serves
+
+
+# ----- discoverability (item 6) ----------------------------------------------------------------
+
+
+def cli(args: list[str]):
+    return runner.invoke(app, args, env={"COLUMNS": "200"})
+
+
+def test_every_command_help_shows_an_example() -> None:
+    names = [c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands]
+    assert {"serve", "up", "eval", "train", "view"} <= set(names)
+    for name in names:
+        result = cli([name, "--help"])
+        assert result.exit_code == 0, (name, result.output)
+        example = re.compile(rf"(?m)^\s*(Example:\s*)?agentgym {re.escape(name)}( |$)")
+        assert example.search(result.output), f"`agentgym {name} --help` shows no example:\n{result.output}"
+
+
+def printed_config(args: list[str]) -> tuple[dict, str]:
+    result = cli(["train", *args, "--print-config"])
+    assert result.exit_code == 0, result.output
+    return yaml.safe_load(result.output), result.output
+
+
+def test_print_config_shows_the_resolved_config_with_each_fields_doc(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    args = [
+        "--algo",
+        "dapo",
+        "--env",
+        "choice",
+        "--set",
+        "steps=7",
+        "--set",
+        "bapo.rho0=0.5",
+        "--out",
+        str(run),
+    ]
+    values, text = printed_config(args)
+    assert (values["algo"], values["env"], values["steps"], values["bapo"]["rho0"]) == (
+        "dapo",
+        "choice",
+        7,
+        0.5,
+    )
+    assert values["clip"]["eps_high"] == 0.28 and values["dynamic_sampling"] is True  # DAPO's, filled in
+    assert values["output_dir"] == str(run)
+    # each field's doc sits above it as a comment, nested fields too
+    assert re.search(r"# RL steps \(each: collect a batch of groups, then update\)\.\nsteps: 7\n", text), text
+    assert re.search(r"\n  # Target positive share .*\n  rho0: 0.5\n", text), text
+    assert TrainConfig.from_dict(values).to_dict() == values  # it loads back as a --config file
+    assert not run.exists()  # nothing is created
+
+
+def shipped_recipes() -> list[str]:
+    """The recipe names, as the error for a wrong one lists them."""
+    result = cli(["train", "--recipe", "no-such-recipe", "--print-config"])
+    assert result.exit_code == 2, result.output
+    listed = " ".join(result.output.split()).partition("shipped recipes: ")[2]
+    return listed.split(", ")
+
+
+def test_a_shipped_recipe_for_every_algorithm_and_env_loads() -> None:
+    names = shipped_recipes()
+    builtin_envs = ["textworld", "webshop", "search", "sciworld", "choice", "math"]
+    expected = {f"{algo}-{env}" for algo in PRESETS if algo != "critique-rl" for env in builtin_envs}
+    assert expected | {"critique-rl-math"} <= set(names), names
+    for name in names:
+        values, _ = printed_config(["--recipe", name])
+        assert [values["algo"], values["env"]] == name.rsplit("-", 1), name  # env names have no "-"
+        TrainConfig.from_dict(values)  # validates
+
+
+def test_recipe_values_give_way_to_flags_and_set() -> None:
+    values, _ = printed_config(["--recipe", "grpo-choice"])
+    assert (values["agent_format"], values["schedule"], values["bc_steps"]) == ("plain", "fixed", 0)
+    values, _ = printed_config(["--recipe", "grpo-choice", "--algo", "rloo", "--set", "bc_steps=3"])
+    assert (values["algo"], values["agent_format"], values["bc_steps"]) == ("rloo", "plain", 3)
+
+
+def test_config_file_algo_is_not_overridden_by_the_flags_defaults(tmp_path: Path) -> None:
+    config = tmp_path / "mine.yaml"
+    config.write_text("algo: grpo\nschedule: fixed\n")
+    values, _ = printed_config(["--config", str(config)])
+    assert (values["algo"], values["schedule"]) == ("grpo", "fixed")
+
+
+@pytest.mark.parametrize(
+    ("args", "valid_key"),
+    [
+        (["train", "--set", "stepz=3"], "bapo.rho0"),
+        (["train", "--env", "choice", "--set", "env_settings.bogus=1"], "n_train"),
+        (["serve", "textworld", "--set", "bogus_key=1"], "challenges"),
+    ],
+)
+def test_an_unknown_set_key_exits_2_listing_the_valid_ones(
+    args: list[str], valid_key: str, tmp_path: Path
+) -> None:
+    result = cli([*args, "--out", str(tmp_path / "run")] if args[0] == "train" else args)
+    assert result.exit_code == 2, result.output
+    assert "valid" in result.output.lower() and valid_key in result.output, result.output
+    assert "Traceback" not in result.output and not isinstance(result.exception, TypeError)
+    assert not (tmp_path / "run").exists()

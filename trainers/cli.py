@@ -6,7 +6,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 
 import typer
 import yaml
@@ -21,43 +21,64 @@ err_console = Console(stderr=True)
 
 def train(
     algo: Annotated[
-        str,
+        str | None,
         typer.Option(
             help="bapo (adaptive clipping) | grpo | dapo (clip-higher 0.28, dynamic sampling) | dr-grpo | "
             "gigpo (per-turn credit) | rloo | reinforce++ (REINFORCE++-baseline) | ppo (PPO-clip on whitened outcome rewards: no "
             "value network, no GAE) | agentevol | critique-rl. Presets of trainers/registry.py; "
-            "docs/algorithms/."
+            "docs/algorithms/. Default: bapo."
         ),
-    ] = "bapo",
+    ] = None,
     schedule: Annotated[
-        str, typer.Option(help="fixed | scaling-inter (ScalingInter-RL horizon)")
-    ] = "scaling-inter",
+        str | None, typer.Option(help="fixed | scaling-inter (ScalingInter-RL horizon; the default).")
+    ] = None,
     env: Annotated[str | None, typer.Option(help="Environment (default: textworld).")] = None,
     model: Annotated[str | None, typer.Option(help="Model alias, Hugging Face id or folder.")] = None,
+    recipe: Annotated[
+        str | None,
+        typer.Option(help="A shipped recipe, ALGO-ENV (e.g. grpo-webshop); a wrong name lists them all."),
+    ] = None,
     config: Annotated[Path | None, typer.Option(help="YAML file of TrainConfig fields.")] = None,
     settings: Annotated[
         list[str], typer.Option("--set", help="Override a field, KEY=VALUE (YAML value; dotted for nested).")
     ] = [],  # noqa: B006 - typer reads the default, never mutates it
     out: Annotated[Path | None, typer.Option(help="Run folder (default runs/<algo>-<env>-<time>).")] = None,
     resume: Annotated[bool, typer.Option(help="Continue the run in --out from its last checkpoint.")] = False,
+    print_config: Annotated[
+        bool,
+        typer.Option(
+            "--print-config", help="Print the resolved config as YAML, each field with its doc, and exit."
+        ),
+    ] = False,
     nproc: Annotated[
         int,
         typer.Option(min=1, help="Data-parallel processes (torch.distributed: gloo on CPU, nccl on GPU)."),
     ] = 1,
 ) -> None:
     """Train a policy with multi-turn RL on rollouts from env servers."""
+    from agentgym import registry
     from agentgym.cli import fail, parse_settings, require_env
     from agentgym.policies.models import ModelNotAvailable, check_model
-    from agentgym.trainers.loop import Trainer
-    from agentgym.trainers.plot import plot_run
+    from agentgym.trainers.config_files import commented_yaml
 
     if resume and out is None:
         raise fail("--resume needs --out RUN_DIR", 2)
     try:
-        resolved = _resolve_config(algo, schedule, env, model, config, parse_settings(settings), out, resume)
+        overrides = parse_settings(settings)
+        layers = ConfigLayers(
+            recipe, config, {"algo": algo, "schedule": schedule, "env": env, "model": model}
+        )
+        resolved = _resolve_config(layers, overrides, out, resume)
     except (ValueError, FileNotFoundError, yaml.YAMLError) as exc:
         raise fail(str(exc), 2) from None
+    if print_config:  # before anything is checked or created: it only shows what would run
+        typer.echo(commented_yaml(resolved), nl=False)
+        return
     require_env(resolved.env, resolved.env_url)
+    try:  # the local server's settings; a running server (env_url) has its own
+        registry.check_settings(resolved.env, [] if resolved.env_url else resolved.env_settings)
+    except ValueError as exc:
+        raise fail(f"env_settings: {exc}", 2) from None
     try:  # within seconds, before the run folder or any server exists
         check_model(resolved.model)
     except ModelNotAvailable as exc:
@@ -73,6 +94,9 @@ def train(
     if nproc > 1 and "WORLD_SIZE" not in os.environ:
         _launch_data_parallel(nproc, resolved, run_dir, resume)
         return
+    from agentgym.trainers.loop import Trainer
+    from agentgym.trainers.plot import plot_run
+
     started = time.perf_counter()
     Trainer(resolved, run_dir, resume=resume).run()
     if rank != 0:
@@ -99,27 +123,32 @@ def _launch_data_parallel(nproc: int, config: TrainConfig, run_dir: Path, resume
         raise fail(f"data-parallel training failed (exit code {code}); see the messages above", 1)
 
 
+class ConfigLayers(NamedTuple):
+    """Where a run's config comes from, before ``--set``: a shipped recipe, a YAML file and
+    the flags (None: not given)."""
+
+    recipe: str | None
+    config_file: Path | None
+    flags: dict[str, str | None]
+
+
 def _resolve_config(
-    algo: str,
-    schedule: str,
-    env: str | None,
-    model: str | None,
-    config_file: Path | None,
-    overrides: dict[str, Any],
-    out: Path | None,
-    resume: bool,
+    layers: ConfigLayers, overrides: dict[str, Any], out: Path | None, resume: bool
 ) -> TrainConfig:
-    """defaults < --config < flags < --set; on --resume, the run's saved config."""
+    """defaults < --recipe < --config < flags < --set; on --resume, the run's saved config."""
     from agentgym.trainers.config import TrainConfig
+    from agentgym.trainers.config_files import recipe
 
     if resume:
         saved = Path(out) / "config.yaml"
         if not saved.exists():
             raise FileNotFoundError(f"{saved} not found: nothing to resume")
         return TrainConfig.load(saved)
-    base = TrainConfig.load(config_file) if config_file else TrainConfig()
-    flags = {"algo": algo, "schedule": schedule} | {k: v for k, v in (("env", env), ("model", model)) if v}
-    resolved = base.with_overrides(flags | overrides)
+    values = recipe(layers.recipe) if layers.recipe else {}
+    if layers.config_file:
+        values |= yaml.safe_load(layers.config_file.read_text()) or {}
+    flags = {key: value for key, value in layers.flags.items() if value}
+    resolved = TrainConfig.from_dict(values).with_overrides(flags | overrides)
     folder = out or Path("runs") / f"{resolved.algo}-{resolved.env}-{time.strftime('%Y%m%d-%H%M%S')}"
     return resolved.with_overrides({"output_dir": str(folder)})
 

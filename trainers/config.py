@@ -8,6 +8,7 @@ folder and reloaded by ``--resume``.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,22 @@ FALLBACKS: dict[str, Any] = {
     "clip.eps_high": 0.2,
 }
 """Values of the algorithm-dependent fields when the preset does not set them."""
+
+
+FREE_FORM_FIELDS = ("env_settings",)
+"""Dict fields whose keys are not the config's (``env_settings.n_train=4`` is the env's key)."""
+
+
+def unknown_keys_message(unknown: list[str]) -> str:
+    """The error for ``--set`` / config-file keys that are no field: the nearest valid keys,
+    then all of them."""
+    valid = TrainConfig.keys()
+    near = sorted({m for key in unknown for m in difflib.get_close_matches(key, valid, n=3)})
+    hint = f" (did you mean {', '.join(near)}?)" if near else ""
+    return (
+        f"unknown config key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}{hint}. Valid keys: "
+        f"{', '.join(valid)}. `agentgym train --print-config` shows each with its value and doc"
+    )
 
 
 def _number_kind(f: dataclasses.Field) -> type | None:
@@ -322,8 +339,18 @@ class TrainConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ValueError(f"unknown config keys: {', '.join(unknown)}")
+            raise ValueError(unknown_keys_message(unknown))
         return cls(**values)
+
+    @classmethod
+    def keys(cls) -> list[str]:
+        """Every key ``--set`` takes, nested fields dotted (``bapo.rho0``)."""
+        keys = []
+        for f in dataclasses.fields(cls):
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            nested = dataclasses.fields(default) if dataclasses.is_dataclass(default) else ()
+            keys += [f"{f.name}.{n.name}" for n in nested] or [f.name]
+        return keys
 
     def with_overrides(self, overrides: dict[str, Any]) -> TrainConfig:
         """``{"bapo.rho0": 0.5, "steps": 8}`` -> a new config (dotted keys reach nested configs).
@@ -338,10 +365,9 @@ class TrainConfig:
         for key, value in overrides.items():
             head, _, rest = key.partition(".")
             if rest:
-                if not isinstance(values.get(head), dict):
-                    raise ValueError(f"unknown config key {key!r}")
-                if rest not in values[head]:
-                    raise ValueError(f"unknown config key {key!r}")
+                free_form = head in FREE_FORM_FIELDS  # env_settings.KEY: the env checks its keys
+                if not isinstance(values.get(head), dict) or (rest not in values[head] and not free_form):
+                    raise ValueError(unknown_keys_message([key]))
                 values[head][rest] = value
             else:
                 values[key] = value

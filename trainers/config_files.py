@@ -1,0 +1,101 @@
+"""The config as files a user reads and writes: ``agentgym train --print-config`` (the
+resolved config as YAML, each field's doc above it) and the shipped recipes of
+``agentgym train --recipe ALGO-ENV``.
+
+A recipe is two YAML layers from ``trainers/recipe_yaml/``: ``envs/ENV.yaml`` (what suits
+the environment: turn limits, reply length, format) then ``algos/ALGO.yaml`` (the
+algorithm and what it needs). An algorithm layer that sets ``env`` (critique-rl: math)
+pairs only with that env. Not to be confused with ``recipes.py``, the training regimes
+(behaviour cloning, the clipped family, AgentEvol) the trainer runs.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import inspect
+import itertools
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+RECIPE_DIR = Path(__file__).parent / "recipe_yaml"
+
+
+# ----- the commented YAML of --print-config ---------------------------------------------------
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of a dataclass, read from its source (Python keeps
+    no attribute docstrings at run time)."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    docs = {}
+    for statement, following in itertools.pairwise(body):
+        if (
+            isinstance(statement, ast.AnnAssign)
+            and isinstance(statement.target, ast.Name)
+            and isinstance(following, ast.Expr)
+            and isinstance(following.value, ast.Constant)
+            and isinstance(following.value.value, str)
+        ):
+            docs[statement.target.id] = inspect.cleandoc(following.value.value)
+    return docs
+
+
+def commented_yaml(config: Any) -> str:
+    """``config`` (a dataclass) as YAML that loads back to it, each field's doc as comments."""
+    return "\n".join(_commented_lines(config, "")) + "\n"
+
+
+def _commented_lines(config: Any, indent: str) -> Iterator[str]:
+    docs = field_docs(type(config))
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        yield from (f"{indent}# {line}".rstrip() for line in docs.get(f.name, "").splitlines())
+        if dataclasses.is_dataclass(value):
+            yield f"{indent}{f.name}:"
+            yield from _commented_lines(value, indent + "  ")
+            continue
+        flow = yaml.safe_dump(value, default_flow_style=True, width=1 << 16).removesuffix("...\n")
+        yield f"{indent}{f.name}: {flow.strip()}"
+
+
+# ----- shipped recipes -------------------------------------------------------------------------
+
+
+def _layers(kind: str) -> dict[str, dict[str, Any]]:
+    return {path.stem: _read(path) for path in sorted((RECIPE_DIR / kind).glob("*.yaml"))}
+
+
+def _read(path: Path) -> dict[str, Any]:
+    loaded = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path} must hold a mapping of config fields")
+    return loaded
+
+
+def recipe_names() -> list[str]:
+    """Every shipped recipe, ``ALGO-ENV``."""
+    envs = _layers("envs")
+    return [
+        f"{algo}-{env}"
+        for algo, layer in _layers("algos").items()
+        for env in envs
+        if layer.get("env", env) == env
+    ]
+
+
+def recipe(name: str) -> dict[str, Any]:
+    """The config fields of recipe ``name`` (env layer, then algorithm layer); ValueError
+    listing the recipes when there is no such one."""
+    envs, algos = _layers("envs"), _layers("algos")
+    for env in sorted(envs, key=len, reverse=True):  # the longest env name that ends it
+        algo = name.removesuffix(f"-{env}")
+        if algo != name and algo in algos and algos[algo].get("env", env) == env:
+            return envs[env] | algos[algo]
+    raise ValueError(f"no recipe {name!r}; shipped recipes: {', '.join(recipe_names())}")
