@@ -20,11 +20,13 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
+    Task,
     TextColumn,
     TimeElapsedColumn,
-    TimeRemainingColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from agentgym import registry
 from agentgym.errors import AgentGymError
@@ -513,6 +515,22 @@ EpisodeCallbacks = tuple[Callable[[int, int], None], Callable[["Trajectory"], No
 """``(on_plan(total, done), on_episode(trajectory))``: what drives an episode progress bar."""
 
 
+class EtaColumn(ProgressColumn):
+    """Time left at the average pace since the start, counting only episodes run now (not
+    those a resumed eval found done). Rich's own estimate needs two episodes finished within
+    its 30 s window, so a slow model's eval showed ``-:--:--`` for its whole run."""
+
+    def render(self, task: Task) -> Text:
+        ran = task.completed - task.fields.get("resumed", 0)
+        if task.total is None or not ran or not task.elapsed:
+            return Text("eta -:--:--", style="progress.remaining")
+        left = task.elapsed / ran * (task.total - task.completed)
+        return Text(
+            f"eta {int(left) // 3600}:{int(left) % 3600 // 60:02d}:{int(left) % 60:02d}",
+            style="progress.remaining",
+        )
+
+
 def _episode_progress() -> tuple[Progress, Callable[[int, int], None], Callable[[Trajectory], None]]:
     """A rich progress bar and the two callbacks that drive it."""
     progress = Progress(
@@ -520,14 +538,14 @@ def _episode_progress() -> tuple[Progress, Callable[[int, int], None], Callable[
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        TimeRemainingColumn(),
+        EtaColumn(),
         console=console,
     )
     bar = progress.add_task("episodes", total=None)
     tally = {"success": 0, "errored": 0}
 
     def on_plan(total: int, done: int) -> None:
-        progress.update(bar, total=total, completed=done)
+        progress.update(bar, total=total, completed=done, resumed=done)
 
     def on_episode(trajectory: Trajectory) -> None:
         tally["success"] += trajectory.success

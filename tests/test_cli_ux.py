@@ -9,6 +9,7 @@ never bind fixed ports: they put the base where a free port lands on the env the
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -26,8 +27,11 @@ import psutil
 import pytest
 import yaml
 from conftest import read_until, stop_with_ctrl_c
+from rich.console import Console
+from rich.progress import Progress
 from typer.testing import CliRunner
 
+import agentgym.cli as cli_module
 import agentgym.gym_adapter  # noqa: F401 - registers agentgym/<name>-v0
 from agentgym.cli import app
 from agentgym.servers.launcher import free_port
@@ -248,3 +252,17 @@ def test_an_unknown_set_key_exits_2_listing_the_valid_ones(
     assert "valid" in result.output.lower() and valid_key in result.output, result.output
     assert "Traceback" not in result.output and not isinstance(result.exception, TypeError)
     assert not (tmp_path / "run").exists()
+
+
+def test_eval_progress_shows_an_eta_after_one_slow_episode() -> None:
+    """Issue 21 item 2: rich's estimate needs two episodes within 30 s; an eval whose
+    episodes take minutes showed -:--:-- throughout."""
+    eta = getattr(cli_module, "EtaColumn", None)
+    assert eta is not None, "the eval progress bar has no ETA of its own"
+    assert any(isinstance(c, eta) for c in cli_module._episode_progress()[0].columns)
+    clock = [0.0]
+    progress = Progress(eta(), get_time=lambda: clock[0], console=Console(file=io.StringIO()))
+    bar = progress.add_task("episodes", total=10, completed=2, resumed=2)  # a resumed eval found 2 done
+    clock[0] = 120.0  # its first episode took two minutes
+    progress.advance(bar)
+    assert eta().render(progress.tasks[0]).plain == "eta 0:14:00"  # 7 left at 120 s each
