@@ -166,3 +166,19 @@ def test_math_server_passes_the_contract_and_the_expert_solves_every_test_proble
                 solved += result.info["success"] and result.reward == 1.0 and result.terminated
                 client.delete(created.session_id)
     assert solved == len(test_tasks) == 30
+
+
+@pytest.mark.parametrize("agent_format", ["react", "plain", "json"])
+def test_the_expert_solves_math_in_every_agent_format(agent_format: str) -> None:
+    """The expert's worked solution is one line, which every agent format can carry (a
+    multi-line solution was cut to its first line by react and refused by plain)."""
+    import asyncio
+
+    from agentgym.policies.expert import ExpertPolicy
+    from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
+
+    with serve_in_thread(ServerConfig(env="math", env_config={"n_train": 4, "n_test": 12})) as url:
+        with EnvClient(url) as client:
+            specs = [EpisodeSpec(t.task_id, split="test") for t in client.tasks("test", limit=12).tasks]
+        episodes = asyncio.run(run_episodes(url, ExpertPolicy(), specs, RolloutConfig(format=agent_format)))
+    assert [e.success for e in episodes] == [True] * 12

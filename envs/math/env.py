@@ -114,11 +114,12 @@ class MathEnv(TaskListsMixin, TextEnv):
         )
 
     def expert_action(self) -> str | None:
-        """The gold worked solution, ending with "The answer is N" (just that line when the
-        solution is longer than an action may be)."""
+        """The gold worked solution on one line, ending with "The answer is N" (just that
+        sentence when the solution is longer than an action may be). One line, because the
+        ReAct and plain agent formats read an action from a single line."""
         if self._problem is None:
             return None
-        solution = self._problem.solution
+        solution = " ".join(line.strip() for line in self._problem.solution.splitlines() if line.strip())
         return solution if len(solution) <= MAX_ACTION_CHARS else f"The answer is {self._problem.answer}."
 
 
