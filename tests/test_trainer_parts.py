@@ -20,7 +20,7 @@ def test_config_overrides_validation_and_round_trip(tmp_path) -> None:
     assert TrainConfig.load(tmp_path / "config.yaml") == config
     with pytest.raises(ValueError, match="unknown config key"):
         config.with_overrides({"bapo.nope": 1})
-    with pytest.raises(ValueError, match="unknown config keys: stepz"):
+    with pytest.raises(ValueError, match=r"unknown config key stepz \(did you mean bc_steps, steps\?\)\. Valid keys: algo, "):
         TrainConfig.from_dict({"stepz": 1})
     with pytest.raises(ValueError, match="algo must be one of"):
         TrainConfig(algo="magic")
