@@ -20,7 +20,9 @@ def test_config_overrides_validation_and_round_trip(tmp_path) -> None:
     assert TrainConfig.load(tmp_path / "config.yaml") == config
     with pytest.raises(ValueError, match="unknown config key"):
         config.with_overrides({"bapo.nope": 1})
-    with pytest.raises(ValueError, match=r"unknown config key stepz \(did you mean bc_steps, steps\?\)\. Valid keys: algo, "):
+    with pytest.raises(
+        ValueError, match=r"unknown config key stepz \(did you mean bc_steps, steps\?\)\. Valid keys: algo, "
+    ):
         TrainConfig.from_dict({"stepz": 1})
     with pytest.raises(ValueError, match="algo must be one of"):
         TrainConfig(algo="magic")
@@ -102,10 +104,13 @@ def test_metrics_log_resume_drops_later_steps_and_torn_lines(tmp_path) -> None:
 def test_metrics_also_go_to_tensorboard(tmp_path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    log = MetricsLog(tmp_path / "metrics.jsonl", tensorboard_dir=tmp_path / "tb")
+    from agentgym.trainers.reporting import open_sinks
+
+    log = MetricsLog(tmp_path / "metrics.jsonl", sinks=open_sinks(["tensorboard"], tmp_path, {}, "", None))
     for step in (1, 2):
         log.log({"step": step, "phase": "rl", "success_rate": step / 4, "flag": True})
-    events = EventAccumulator(str(tmp_path / "tb"))
+    log.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
     assert [(e.step, e.value) for e in events.Scalars("success_rate")] == [(1, 0.25), (2, 0.5)]
     assert "flag" not in events.Tags()["scalars"]  # booleans and strings stay in the JSONL only
