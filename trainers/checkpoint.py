@@ -26,11 +26,13 @@ import pickle
 import random
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 import torch
+
+from agentgym.trainers.reporting import MetricSink, numeric
 
 CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"
@@ -307,21 +309,14 @@ def load_trainable(folder: Path) -> dict[str, torch.Tensor]:
 
 
 class MetricsLog:
-    """Append-only JSONL, one record per line, flushed and fsynced as written; with
-    ``tensorboard_dir``, every numeric field also goes to TensorBoard under its name."""
+    """Append-only JSONL, one record per line, flushed and fsynced as written; every
+    numeric field also goes to each of ``sinks`` (TensorBoard, W&B: :mod:`.reporting`)."""
 
-    def __init__(
-        self, path: Path, resume_step: int | None = None, tensorboard_dir: Path | None = None
-    ) -> None:
+    def __init__(self, path: Path, resume_step: int | None = None, sinks: Sequence[MetricSink] = ()) -> None:
         self.path = path
         if resume_step is not None and path.exists():
             self._truncate_after(resume_step)
-        self._tensorboard = None
-        if tensorboard_dir is not None:
-            from torch.utils.tensorboard import SummaryWriter
-
-            # purge_step drops events a killed run wrote past the checkpoint, as for the JSONL.
-            self._tensorboard = SummaryWriter(str(tensorboard_dir), purge_step=(resume_step or 0) + 1)
+        self.sinks = list(sinks)
 
     def _lines(self) -> list[tuple[str, dict[str, Any]]]:
         """Each line with its record; a torn line (a crash mid-write) is skipped."""
@@ -343,11 +338,12 @@ class MetricsLog:
             fh.write(json.dumps(record) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
-        if self._tensorboard is not None:
-            for key, value in record.items():
-                if isinstance(value, int | float) and not isinstance(value, bool) and key != "step":
-                    self._tensorboard.add_scalar(key, value, record["step"])
-            self._tensorboard.flush()
+        for sink in self.sinks:
+            sink.log(record["step"], numeric(record))
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
 
     def read(self) -> list[dict[str, Any]]:
         return [record for _, record in self._lines()]

@@ -54,6 +54,14 @@ def train(
         int,
         typer.Option(min=1, help="Data-parallel processes (torch.distributed: gloo on CPU, nccl on GPU)."),
     ] = 1,
+    report_to: Annotated[
+        list[str],
+        typer.Option(
+            "--report-to",
+            help="Metrics also go to: tensorboard (the default), wandb (Weights & Biases; offline "
+            "with WANDB_MODE=offline), none. Repeat for several (sets report_to).",
+        ),
+    ] = [],  # noqa: B006 - typer reads the default, never mutates it
 ) -> None:
     """Train a policy with multi-turn RL on rollouts from env servers."""
     from agentgym import registry
@@ -64,7 +72,7 @@ def train(
     if resume and out is None:
         raise fail("--resume needs --out RUN_DIR", 2)
     try:
-        overrides = parse_settings(settings)
+        overrides = parse_settings(settings) | _reporters(report_to)
         layers = ConfigLayers(
             recipe, config, {"algo": algo, "schedule": schedule, "env": env, "model": model}
         )
@@ -121,6 +129,13 @@ def _launch_data_parallel(nproc: int, config: TrainConfig, run_dir: Path, resume
     code = subprocess.call(launch_command(nproc, ["train", "--resume", "--out", str(run_dir)]))
     if code:
         raise fail(f"data-parallel training failed (exit code {code}); see the messages above", 1)
+
+
+def _reporters(names: list[str]) -> dict[str, Any]:
+    """``--report-to`` as a config override (``none`` alone: no reporter)."""
+    if not names:
+        return {}
+    return {"report_to": [] if names == ["none"] else names}
 
 
 class ConfigLayers(NamedTuple):
