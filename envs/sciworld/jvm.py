@@ -162,9 +162,17 @@ class JvmPool:
             return [jvm.pid for jvm in [*self._idle, *self._busy]]
 
     def acquire(self) -> Jvm:
-        """A warm idle JVM, else a new one (started now); AtCapacity at ``max_live``."""
+        """A warm idle JVM, else a new one (started now); AtCapacity at ``max_live``. At the
+        limit while spares are still starting, it waits for one instead of failing (spares
+        count towards ``max_live`` but no acquirer can take them before they are up)."""
         with self._lock:
             jvm = self._take_idle()
+            if jvm is None and self._starting:
+                self._lock.wait_for(
+                    lambda: self._idle or self.live < self.max_live or not self._starting or self._closed,
+                    self.settings.call_timeout_s,
+                )
+                jvm = self._take_idle()
             if jvm is None:
                 self._reserve_start()
             else:
@@ -189,6 +197,7 @@ class JvmPool:
             )
             if keep:
                 self._idle.append(jvm)
+                self._lock.notify_all()
                 return
         self._retire(jvm)
 
