@@ -414,6 +414,14 @@ MaxTurnsOpt = Annotated[
     int | None, typer.Option(min=1, help="Agent turns per episode (default: the env's max_turns).")
 ]
 ConcurrencyOpt = Annotated[int, typer.Option(min=1, help="Episodes in flight at once.")]
+ToolCallsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--tool-calls",
+        help="--policy openai acts through OpenAI tool calls (tools=, one function per action type "
+        "of the commands the env lists) instead of writing the reply format.",
+    ),
+]
 TemperatureOpt = Annotated[
     float | None, typer.Option(min=0.0, help="Sampling temperature (default: 0 if k=1, else 1).")
 ]
@@ -471,6 +479,7 @@ class PolicyChoice(NamedTuple):
     base_url: str | None
     api_key: str | None
     concurrency: int
+    tool_calls: bool = False
 
 
 def _run_policy_job(
@@ -505,7 +514,8 @@ def _run_policy_job(
         try:
             asyncio.run(check_server(server_url, env, token))
             with console.status(f"loading the {choice.kind} policy ..."):
-                policy = build_policy(choice.kind, **_policy_args(choice, choice.model))
+                args = _policy_args(choice, choice.model)
+                policy = build_policy(choice.kind, **args, tool_calls=choice.tool_calls)
             return asyncio.run(run(server_url, policy))
         except UsageError as exc:
             raise fail(str(exc), EXIT_USAGE) from None
@@ -612,6 +622,7 @@ def evaluate_policy(
     model: ModelOpt = None,
     base_url: BaseUrlOpt = None,
     api_key: ApiKeyOpt = None,
+    tool_calls: ToolCallsOpt = False,
     n: TasksOpt = None,
     k: Annotated[int, typer.Option(min=1, help="Samples per task (Avg@k, Pass@k).")] = 1,
     max_turns: MaxTurnsOpt = None,
@@ -665,7 +676,7 @@ def evaluate_policy(
     rollout = _rollout_config(
         agent_format, max_turns, concurrency, temperature, max_new_tokens, history_turns
     )
-    choice = PolicyChoice(policy, model, base_url, api_key, concurrency)
+    choice = PolicyChoice(policy, model, base_url, api_key, concurrency, tool_calls)
     if critic is not None:
         from agentgym.evaluation import CRITIC_ENVS
 
@@ -803,6 +814,7 @@ def collect(
     model: ModelOpt = None,
     base_url: BaseUrlOpt = None,
     api_key: ApiKeyOpt = None,
+    tool_calls: ToolCallsOpt = False,
     n: TasksOpt = None,
     max_turns: MaxTurnsOpt = None,
     concurrency: ConcurrencyOpt = 8,
@@ -845,7 +857,7 @@ def collect(
         out.parent / "servers",
         token,
         job,
-        PolicyChoice(policy, model, base_url, api_key, concurrency),
+        PolicyChoice(policy, model, base_url, api_key, concurrency, tool_calls),
     )
     console.print(
         f"wrote {counts['written']} of {counts['episodes']} episodes to {out} ({counts['errored']} errored)"
@@ -920,10 +932,7 @@ def export_trajectories(
         ),
     ] = "parquet",
 ) -> None:
-    """Write trajectories as Parquet or a Hugging Face datasets dataset, one row per episode.
-
-    Example: agentgym export-trajectories runs/my-run --format hf --out data/my-run
-    """
+    """Write trajectories as Parquet or a Hugging Face datasets dataset, one row per episode."""
     from agentgym.trajectory_table import export_trajectories as export
 
     try:
@@ -987,6 +996,8 @@ EXAMPLES: dict[str, list[str]] = {
         "agentgym eval --env textworld --policy hf --model runs/<run> --n 4 --max-turns 3",
         "agentgym eval --env textworld --policy openai --base-url http://127.0.0.1:8200/v1 --model smollm2-135m "
         "--url http://127.0.0.1:8101",
+        "agentgym eval --env textworld --policy openai --base-url http://127.0.0.1:8200/v1 --model smollm2-135m "
+        "--tool-calls  # act through OpenAI tool calls",
     ],
     "collect": ["agentgym collect --env textworld --out data/textworld-expert.jsonl --n 32"],
     "view": [
@@ -997,12 +1008,17 @@ EXAMPLES: dict[str, list[str]] = {
         "agentgym export runs/<run> --out models/mine",
         "agentgym export runs/<run> --step 20 --out models/step-20",
     ],
+    "export-trajectories": [
+        "agentgym export-trajectories runs/<run> --out data/run  # data/run/trajectories.parquet",
+        "agentgym export-trajectories runs/eval/<eval> --format hf --out data/eval  # datasets.load_from_disk",
+    ],
     "serve-model": ["agentgym serve-model --model runs/<run> --port 8200"],
     "train": [
         "agentgym train --recipe grpo-choice  # a shipped recipe, ALGO-ENV (a wrong name lists them)",
         "agentgym train --algo bapo --env textworld --set steps=8 --set bapo.rho0=0.5 --out runs/mine",
         "agentgym train --recipe dapo-webshop --set group_size=8 --print-config  # what would run, documented",
         "agentgym train --resume --out runs/mine",
+        "WANDB_MODE=offline agentgym train --recipe grpo-choice --report-to wandb  # also to a local W&B run",
     ],
     "plot": ["agentgym plot runs/<run>"],
 }

@@ -149,16 +149,25 @@ def check_policy_model(kind: str, model: str | None) -> None:
 
 
 def build_policy(
-    kind: str, *, model: str | None, base_url: str | None, api_key: str | None, concurrency: int
+    kind: str,
+    *,
+    model: str | None,
+    base_url: str | None,
+    api_key: str | None,
+    concurrency: int,
+    tool_calls: bool = False,
 ) -> Policy:
     """The policy ``kind`` from CLI-style arguments; ``UsageError`` for bad combinations."""
     if kind not in POLICY_KINDS:
         raise UsageError(f"unknown policy {kind!r}; choose one of {', '.join(POLICY_KINDS)}")
+    if tool_calls and kind != "openai":
+        raise UsageError("--tool-calls needs --policy openai (an OpenAI-compatible endpoint)")
     kwargs: dict[str, Any] = {}
     if kind == "openai":
         if not base_url or not model:
             raise UsageError("--policy openai needs --base-url and --model")
         kwargs = {"base_url": base_url, "model": model, "api_key": api_key, "concurrency": concurrency}
+        kwargs["tool_calls"] = tool_calls
     elif kind in ("hf", "vllm"):
         kwargs = {"model": model} if model else {}
         if kind == "hf":

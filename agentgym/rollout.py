@@ -258,8 +258,11 @@ class Episode:
         if self._context_full():
             self.end_reason = "context_full"
             return
-        reply = await self._generate()
-        self.messages.append({"role": "assistant", "content": reply, "loss": True})
+        reply, tool_call = await self._generate()
+        message = {"role": "assistant", "content": reply, "loss": True}
+        if tool_call is not None:  # kept, so the policy can replay the call to the API
+            message["tool_call"] = tool_call
+        self.messages.append(message)
         parsed = self.ctx.agent.parse(reply)
         if parsed.action is None:
             assert parsed.error is not None
@@ -316,7 +319,8 @@ class Episode:
 
     # ----- calls that may fail -----------------------------------------------------------
 
-    async def _generate(self) -> str:
+    async def _generate(self) -> tuple[str, dict[str, str] | None]:
+        """The reply text, and ``{"name", "arguments"}`` when it came as a tool call."""
         if self.barrier is not None:
             await self.barrier.wait()
         request = self._request()
@@ -334,7 +338,10 @@ class Episode:
         finally:
             self.timings["generation"] += time.perf_counter() - start
         self._generated_now += len(generation.token_ids or ())
-        return self._reply_text(generation)
+        call = generation.tool_call
+        return self._reply_text(generation), (
+            {"name": call["name"], "arguments": call["arguments"]} if call else None
+        )
 
     def _sampling(self) -> SamplingParams:
         """The run's sampling; a run-level seed becomes one seed per (task, sample, turn), so
@@ -355,8 +362,13 @@ class Episode:
         if isinstance(expert, str):
             # The expert policy replies with this verbatim, so hand it over in the agent's format.
             info["expert_action"] = self.ctx.agent.render(expert)
+        if isinstance(self.info.get("available_actions"), list):  # tool-calling policies' tools
+            info["available_actions"] = self.info["available_actions"]
         return GenerationRequest(
-            messages=[{"role": m["role"], "content": m["content"]} for m in self._visible_messages()],
+            messages=[
+                {k: m[k] for k in ("role", "content", "tool_call") if k in m}
+                for m in self._visible_messages()
+            ],
             prompt_ids=list(self.tokens.ids) if self.tokens is not None else None,
             info=info,
         )
@@ -368,7 +380,12 @@ class Episode:
 
     def _reply_text(self, generation: Generation) -> str:
         if self.tokens is None:
-            return generation.text
+            call = generation.tool_call
+            if call is None:
+                return generation.text
+            # A tool call is written down in the agent's format (any content as the thought,
+            # on one line), so the reply parses to exactly the called command.
+            return self.ctx.agent.render(call["action"], " ".join(generation.text.split()) or None)
         if generation.token_ids is None or generation.logprobs is None:
             raise EpisodeError("generation", "a token-level policy returned no token ids or log-probs")
         self.tokens.add_generation(generation.token_ids, generation.logprobs, generation.versions)

@@ -8,7 +8,8 @@ third-party agents, and what the ``openai`` policy is tested against::
     curl http://127.0.0.1:8200/v1/chat/completions -H 'content-type: application/json' \\
          -d '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 20}'
 
-Routes: ``POST /v1/chat/completions`` (no streaming, no tools), ``GET /v1/models``,
+Routes: ``POST /v1/chat/completions`` (no streaming; ``tools`` and ``tool_choice`` as
+OpenAI's, answered with ``tool_calls``: :mod:`agentgym.servers.tool_calls`), ``GET /v1/models``,
 ``GET /health``. Concurrent requests share the policy's batches. Errors use OpenAI's
 shape, ``{"error": {"message", "type", "param", "code"}}``: 400 for a body that is not a
 JSON object or a request the model cannot take, 422 for schema errors, 401 for a
@@ -31,7 +32,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from agentgym.policies.base import GenerationRequest, Message, Policy, SamplingParams
+from agentgym.policies.base import Generation, GenerationRequest, Message, Policy, SamplingParams
+from agentgym.servers.tool_calls import forced_prefix, function_names, parse_reply, render_call, tool_prompt
 
 log = logging.getLogger(__name__)
 
@@ -58,18 +60,60 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str = "{}"
+    """A JSON object, encoded as a string (OpenAI's wire shape)."""
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class Tool(BaseModel):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class FunctionName(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: FunctionName
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCall] | None = None
+    """An assistant turn's calls, rendered back in the shape the model writes them."""
+    tool_call_id: str | None = None
 
     def to_message(self) -> Message:
-        """Plain ``{"role", "content"}``; ``developer`` (OpenAI's newer name) becomes ``system``."""
+        """Plain ``{"role", "content"}``: ``developer`` (OpenAI's newer name) becomes
+        ``system``, a ``tool`` result a ``user`` turn, and calls join the content."""
         content = (
             self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or [])
         )
-        return {"role": "system" if self.role == "developer" else self.role, "content": content}
+        calls = [render_call(c.function.name, c.function.arguments) for c in self.tool_calls or []]
+        role = {"developer": "system", "tool": "user"}.get(self.role, self.role)
+        return {"role": role, "content": "\n".join(part for part in (content, *calls) if part)}
 
 
 class ChatCompletionRequest(BaseModel):
@@ -87,6 +131,31 @@ class ChatCompletionRequest(BaseModel):
     seed: int | None = None
     n: int = Field(1, ge=1, le=16)
     stream: bool = False
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    """``None``: ``auto`` when there are tools."""
+    parallel_tool_calls: bool | None = None
+    """Accepted; a reply holds one call at most."""
+
+    def active_tools(self) -> list[dict[str, Any]]:
+        """The tools the model may call ([] without tools or with ``tool_choice: "none"``);
+        CompatError for a choice that names no given tool or requires one of none."""
+        tools = [tool.model_dump() for tool in self.tools or []]
+        choice = self.choice()
+        if choice not in (None, "none", "auto") and not tools:
+            raise CompatError(400, "tool_choice needs tools", param="tool_choice")
+        if isinstance(choice, dict) and choice["function"]["name"] not in function_names(tools):
+            raise CompatError(
+                400, f"tool_choice names no given tool: {choice['function']['name']}", param="tool_choice"
+            )
+        return [] if choice == "none" else tools
+
+    def choice(self) -> str | dict[str, Any] | None:
+        return (
+            self.tool_choice.model_dump()
+            if isinstance(self.tool_choice, NamedToolChoice)
+            else self.tool_choice
+        )
 
     def sampling(self) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else self.stop or []
@@ -131,21 +200,21 @@ def create_openai_app(
         check_key(authorization)
         if body.stream:
             raise CompatError(400, "stream=true is not supported by this server", param="stream")
+        tools = body.active_tools()
         messages = [m.to_message() for m in body.messages]
+        if tools:
+            messages = _with_system(messages, tool_prompt(tools, body.choice()))
         prompt_ids = _prompt_ids(policy, messages)
+        prefix = forced_prefix(body.choice()) if tools and prompt_ids is not None else ""
+        if prefix:  # the reply starts as a call: token policies continue from there
+            prompt_ids = prompt_ids + policy.tokenizer.encode(prefix, add_special_tokens=False)
         requests = [GenerationRequest(messages, prompt_ids) for _ in range(body.n)]
         try:
             generations = await policy.generate(requests, body.sampling())
         except ValueError as exc:  # the policy refused the request (e.g. an empty prompt)
             raise CompatError(400, str(exc)) from exc
-        choices = [
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": g.text},
-                "finish_reason": g.finish_reason,
-            }
-            for i, g in enumerate(generations)
-        ]
+        names = function_names(tools)
+        choices = [{"index": i, **_choice(g, prefix, names)} for i, g in enumerate(generations)]
         completion_tokens = sum(len(g.token_ids or []) for g in generations)
         prompt_tokens = len(prompt_ids or [])
         return {
@@ -162,6 +231,23 @@ def create_openai_app(
         }
 
     return app
+
+
+def _choice(generation: Generation, prefix: str, names: list[str]) -> dict[str, Any]:
+    """A choice's ``message`` and ``finish_reason``; with tools, a call in the reply becomes
+    ``tool_calls`` (finish reason ``tool_calls``)."""
+    content, calls = parse_reply(prefix + generation.text, names) if names else (generation.text, [])
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = calls
+    return {"message": message, "finish_reason": "tool_calls" if calls else generation.finish_reason}
+
+
+def _with_system(messages: list[Message], text: str) -> list[Message]:
+    """``text`` appended to the system message (one is added first when there is none)."""
+    if messages and messages[0]["role"] == "system":
+        return [{"role": "system", "content": f"{messages[0]['content']}\n\n{text}"}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
 
 
 def _prompt_ids(policy: Policy, messages: list[Message]) -> list[int] | None:

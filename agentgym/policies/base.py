@@ -54,6 +54,10 @@ class Generation:
     """``stop`` (end-of-turn or a stop string) or ``length`` (hit ``max_new_tokens``)."""
     versions: list[int] | None = None
     """One policy weights version per sampled token (``None``: the backend does not know)."""
+    tool_call: dict[str, str] | None = None
+    """Text backends that acted through an OpenAI tool call: ``{"name", "arguments", "action"}``
+    (``arguments`` as the JSON string the API sends, ``action`` the env command it stands for;
+    :mod:`agentgym.agents.tools`). ``text`` is then the reply's content, if any."""
 
 
 @runtime_checkable

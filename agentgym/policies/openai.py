@@ -2,6 +2,10 @@
 server, llama.cpp, our own :mod:`agentgym.servers.openai_compat`) as a text policy.
 
 Returns text only (no token ids or log-probs): fine for evaluation, not for training.
+With ``tool_calls=True`` the model acts through OpenAI tool calls instead of writing the
+agent format: each request carries ``tools`` (one function per action type of the commands
+the env lists, :mod:`agentgym.agents.tools`) and ``tool_choice: "required"``; earlier turns
+go back as assistant ``tool_calls`` answered by ``tool`` messages (the observations).
 Each request is one HTTP call; at most ``concurrency`` are in flight. 429, 5xx and
 connection errors are retried with exponential backoff (honouring ``Retry-After``);
 other errors raise :class:`OpenAIError` at once.
@@ -17,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from agentgym.agents.tools import ActionTools
 from agentgym.policies.base import Generation, GenerationRequest, Message, SamplingParams
 
 RETRY_STATUSES = frozenset({408, 409, 429})
@@ -44,6 +49,7 @@ class OpenAIPolicy:
         backoff: first retry wait in seconds; doubles per retry (with jitter), capped at ``max_wait``.
         max_wait: longest wait between attempts, ``Retry-After`` included.
         name: recorded in trajectories; defaults to ``model``.
+        tool_calls: act through OpenAI tool calls (``tools=``) rather than the agent format.
     """
 
     tokenizer = None
@@ -60,8 +66,10 @@ class OpenAIPolicy:
         backoff: float = 0.5,
         max_wait: float = 20.0,
         name: str | None = None,
+        tool_calls: bool = False,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.tool_calls = tool_calls
         self.model = model
         self.name = name or model
         self.concurrency = concurrency
@@ -86,11 +94,16 @@ class OpenAIPolicy:
             await self._client.aclose()
         self._loop = self._client = self._semaphore = None
 
-    def payload(self, messages: list[Message], sampling: SamplingParams) -> dict[str, Any]:
-        """The JSON body of one request (only ``role`` and ``content`` of each message are sent)."""
+    def payload(
+        self, messages: list[Message], sampling: SamplingParams, tools: ActionTools | None = None
+    ) -> dict[str, Any]:
+        """The JSON body of one request: ``role`` and ``content`` of each message, and with
+        ``tools`` the tool definitions and earlier tool calls with their results."""
         body: dict[str, Any] = {
             "model": self.model,
-            "messages": [{"role": m["role"], "content": m["content"]} for m in messages],
+            "messages": tool_messages(messages)
+            if tools
+            else [{"role": m["role"], "content": m["content"]} for m in messages],
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
             "max_tokens": sampling.max_new_tokens,
@@ -99,19 +112,36 @@ class OpenAIPolicy:
             body["stop"] = list(sampling.stop)
         if sampling.seed is not None:
             body["seed"] = sampling.seed
+        if tools:
+            body |= {"tools": tools.schemas(), "tool_choice": "required", "parallel_tool_calls": False}
         return body
 
     async def _complete(self, request: GenerationRequest, sampling: SamplingParams) -> Generation:
         client, semaphore = self._session()
+        tools = ActionTools(request.info.get("available_actions")) if self.tool_calls else None
         async with semaphore:
-            data = await self._post(client, self.payload(request.messages, sampling))
+            data = await self._post(client, self.payload(request.messages, sampling, tools))
         try:
             choice = data["choices"][0]
             text = choice["message"].get("content") or ""
+            calls = choice["message"].get("tool_calls") or []
         except (KeyError, IndexError, TypeError, AttributeError) as exc:
             raise OpenAIError(f"malformed chat completion: {str(data)[:300]}") from exc
         reason = "length" if choice.get("finish_reason") == "length" else "stop"
-        return Generation(text=text, finish_reason=reason)
+        if not (tools and calls):
+            return Generation(text=text, finish_reason=reason)
+        try:
+            name, arguments = calls[0]["function"]["name"], calls[0]["function"].get("arguments") or "{}"
+            action = tools.command(name, arguments)
+        except (KeyError, TypeError, ValueError) as exc:
+            # A call the env has no command for is the model's mistake: a reply that does
+            # not parse (an invalid turn with feedback), not a failed episode.
+            return Generation(text=f"{text}\n(invalid tool call: {exc})".strip(), finish_reason=reason)
+        return Generation(
+            text=text,
+            finish_reason=reason,
+            tool_call={"name": name, "arguments": arguments, "action": action},
+        )
 
     async def _post(self, client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
         for attempt in range(self.retries + 1):
@@ -145,6 +175,32 @@ class OpenAIPolicy:
             )
             self._semaphore = asyncio.Semaphore(self.concurrency)
         return self._client, self._semaphore
+
+
+def tool_messages(messages: list[Message]) -> list[dict[str, Any]]:
+    """The conversation in OpenAI's tool-calling shape: a reply made through a tool call
+    (``message["tool_call"]``) becomes an assistant ``tool_calls`` message, and the
+    observation after it the ``tool`` message answering that call."""
+    wire: list[dict[str, Any]] = []
+    pending: str | None = None
+    for i, message in enumerate(messages):
+        call = message.get("tool_call") if message["role"] == "assistant" else None
+        if call:
+            pending = f"call_{i}"
+            function = {"name": call["name"], "arguments": call["arguments"]}
+            wire.append(
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"id": pending, "type": "function", "function": function}],
+                }
+            )
+        elif pending and message["role"] == "user":
+            wire.append({"role": "tool", "tool_call_id": pending, "content": message["content"]})
+            pending = None
+        else:
+            wire.append({"role": message["role"], "content": message["content"]})
+    return wire
 
 
 def _retryable(status: int) -> bool:
