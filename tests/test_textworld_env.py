@@ -261,15 +261,11 @@ def test_concurrent_episodes_in_threads(cache: Path) -> None:
 def test_on_demand_game_jumps_the_prefetch_queue(tmp_path: Path) -> None:
     env = TextWorldEnv(cache_dir=tmp_path, n_train=40, n_test=20, workers=1)
     try:
-        started = time.monotonic()
         env.warm_up()
-        assert time.monotonic() - started < 1.0  # warm_up returns at once
+        assert env.store.generated == 0  # warm_up queues the games and returns at once
         last = env.tasks("test")[-1].task_id  # last in the prefetch order
-        started = time.monotonic()
         env.reset(task_id=last)
-        elapsed = time.monotonic() - started
-        # One game the worker was busy with (a cold start) plus our own, not 60 games.
-        assert elapsed < 15, elapsed
+        # The reset waited for one game the worker was busy with plus its own, not 60 games.
         assert env.store.pending() > 40
         assert env.store.generated <= 3
     finally:
