@@ -16,10 +16,9 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from agentgym.agents.tools import ActionTools
 from agentgym.cli import app
 from agentgym.policies.base import Generation, GenerationRequest, SamplingParams
-from agentgym.policies.openai import OpenAIPolicy, tool_messages
+from agentgym.policies.openai import OpenAIPolicy
 from agentgym.servers.launcher import serve_in_thread
 from agentgym.servers.openai_compat import create_openai_app
 from agentgym.trajectory import read_jsonl
@@ -27,6 +26,15 @@ from agentgym.trajectory import read_jsonl
 runner = CliRunner()
 TEXTWORLD = ["go north", "go east", "take coin from table", "look", "look at box", "inventory"]
 WEBSHOP = ["search[<query>]", "click[buy now]", "click[red]"]
+
+
+def tool(name: str, **properties: Any) -> dict[str, Any]:
+    """An OpenAI tool definition, as a client sends it."""
+    parameters = {"type": "object", "properties": properties}
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+
+COLOURS = [tool("red"), tool("blue")]
 
 
 class CallingModel:
@@ -66,6 +74,8 @@ def blue_server() -> Iterator[tuple[str, CallingModel]]:
 
 
 def test_one_function_per_action_type_and_back_to_the_command() -> None:
+    from agentgym.agents.tools import ActionTools  # here, so the other tests load without it
+
     tools = ActionTools(TEXTWORLD)
     functions = {t["function"]["name"]: t["function"]["parameters"] for t in tools.schemas()}
     assert list(functions) == ["go", "take", "look", "inventory"]
@@ -82,6 +92,8 @@ def test_one_function_per_action_type_and_back_to_the_command() -> None:
 
 
 def test_bracketed_commands_and_free_text_arguments() -> None:
+    from agentgym.agents.tools import ActionTools  # here, so the other tests load without it
+
     tools = ActionTools(WEBSHOP)
     functions = {t["function"]["name"]: t["function"]["parameters"] for t in tools.schemas()}
     assert functions["click"]["properties"]["argument"]["enum"] == ["buy now", "red"]
@@ -91,12 +103,16 @@ def test_bracketed_commands_and_free_text_arguments() -> None:
 
 
 def test_an_env_that_lists_no_commands_gets_act() -> None:
+    from agentgym.agents.tools import ActionTools  # here, so the other tests load without it
+
     tools = ActionTools(None)
     assert [t["function"]["name"] for t in tools.schemas()] == ["act"]
     assert tools.command("act", '{"action": "The answer is 4"}') == "The answer is 4"
 
 
 def test_earlier_calls_go_back_as_tool_calls_answered_by_tool_messages() -> None:
+    from agentgym.policies.openai import tool_messages
+
     messages = [
         {"role": "system", "content": "s"},
         {"role": "user", "content": "room"},
@@ -124,8 +140,7 @@ def test_earlier_calls_go_back_as_tool_calls_answered_by_tool_messages() -> None
 
 def test_the_server_answers_tool_calls_in_openais_shape(blue_server: tuple[str, CallingModel]) -> None:
     url, model = blue_server
-    tools = ActionTools(["red", "blue"]).schemas()
-    body = {"messages": [{"role": "user", "content": "pick"}], "tools": tools}
+    body = {"messages": [{"role": "user", "content": "pick"}], "tools": COLOURS}
     reply = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30).json()
     [choice] = reply["choices"]
     assert choice["finish_reason"] == "tool_calls"
@@ -147,7 +162,7 @@ def test_the_server_renders_earlier_calls_and_tool_results(blue_server: tuple[st
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "call_1", "content": "Wrong."},
     ]
-    body = {"messages": messages, "tools": ActionTools(["red", "blue"]).schemas(), "tool_choice": "auto"}
+    body = {"messages": messages, "tools": COLOURS, "tool_choice": "auto"}
     assert httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30).status_code == 200
     seen = model.seen[-1]
     assert seen[2] == {
@@ -171,7 +186,7 @@ def test_bad_tool_requests_get_openai_errors(
     url, _ = blue_server
     body = {
         "messages": [{"role": "user", "content": "pick"}],
-        "tools": ActionTools(["red"]).schemas(),
+        "tools": COLOURS,
         **extra,
     }
     response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
@@ -260,7 +275,7 @@ def model_server(agentgym_cache: str) -> Iterator[str]:
 
 @needs_model
 def test_the_real_model_is_shown_the_tools_and_put_on_a_named_call(model_server: str) -> None:
-    tools = ActionTools(["go north", "go south"]).schemas()
+    tools = [tool("go", argument={"type": "string", "enum": ["north", "south"]})]
     body = {
         "messages": [{"role": "user", "content": "You are in a hall. Exits: north."}],
         "max_tokens": 24,
