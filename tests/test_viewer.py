@@ -7,7 +7,6 @@ import asyncio
 import importlib.util
 import json
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -142,20 +141,15 @@ def test_real_rollout_records_without_tokenizer(tmp_path: Path, choice_url: str)
     assert episode["token_runs"] == [] and episode["tokenizer"] is None
 
 
-def test_two_thousand_episodes_page_fast(tmp_path: Path) -> None:
+def test_two_thousand_episodes_page(tmp_path: Path) -> None:
+    """Filtering and paging over a large file (bench/viewer.py measures how fast)."""
     path = tmp_path / "big.jsonl"
     decoder = write_episodes(path, 2000)
-    start = time.perf_counter()
     app = create_app(path, decoder=decoder)
-    build_s = time.perf_counter() - start
     with TestClient(app) as test_client:
-        start = time.perf_counter()
         page = test_client.get("/api/episodes?success=false&offset=500&limit=50").json()
-        page_s = time.perf_counter() - start
         assert len(page["episodes"]) == 50 and page["total"] > 550
         assert test_client.get("/api/episodes/1999").status_code == 200
-    # Generous bounds for a shared 2-core machine; bench/viewer.py measures 10k precisely.
-    assert build_s < 5 and page_s < 0.5, (build_s, page_s)
 
 
 def test_cli_rejects_missing_and_foreign_files(tmp_path: Path) -> None:
