@@ -115,9 +115,9 @@ class TrainConfig:
     tasks_per_step: int = 2
     """Tasks (groups) sampled from the train split per step."""
     curriculum: str = "fits-horizon"
-    """Which train tasks RL draws: ``all``, or ``fits-horizon``: those the expert finishes
-    within the step's horizon (known from the behaviour-cloning demonstrations; all tasks
-    when the env has no expert or none fits). A task no episode can finish within the
+    """Which train tasks RL draws: ``all``, or ``fits-horizon``: those the expert finished
+    within the step's horizon in the behaviour-cloning demonstrations (all tasks without
+    behaviour cloning, or when none fits). A task no episode can finish within the
     horizon gives every episode reward 0, a group that teaches nothing."""
     group_size: int = 4
     """Rollouts per task; advantages compare episodes within a group."""

@@ -227,7 +227,7 @@ class ClippedRL:
         trainer, config = self.trainer, self.trainer.config
         if config.kl_coef:
             trainer.learner.take_reference(trainer.run_dir.path / "reference.pt")
-        if config.curriculum == "fits-horizon" and trainer.collector.expert_turns is None:
+        if config.curriculum == "fits-horizon" and config.bc_steps and trainer.collector.expert_turns is None:
             trainer.collector.expert_turns = self.expert_turns()
         start, horizon = time.perf_counter(), trainer.horizon(step)
         episodes, samples, figures = trainer.collector.collect(step, trainer.version, horizon)
