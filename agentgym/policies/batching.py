@@ -30,7 +30,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -262,12 +262,7 @@ class ContinuousBatcher:
         """Encode each distinct prompt once (a group's episodes start alike) and give
         every row its copy; the prompts are cached for reuse."""
         prompts = list(dict.fromkeys(tuple(row.prompt_ids) for row in rows))
-        width = max(len(prompt) for prompt in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, prompt in enumerate(prompts):
-            ids[i, width - len(prompt) :] = torch.tensor(prompt)
-            mask[i, width - len(prompt) :] = 1
+        ids, mask = _left_padded(prompts, self.pad_id)
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(
@@ -278,7 +273,8 @@ class ContinuousBatcher:
         distinct = _LiveBatch([], out.past_key_values, mask, out.logits[:, -1, :])
         for i, prompt in enumerate(prompts):
             self._remember(list(prompt), distinct, i)
-        live = _select(distinct, [prompts.index(tuple(row.prompt_ids)) for row in rows], rows)
+        slot = {prompt: i for i, prompt in enumerate(prompts)}
+        live = _select(distinct, [slot[tuple(row.prompt_ids)] for row in rows], rows)
         _stamp(rows, self.version)
         return live
 
@@ -295,16 +291,12 @@ class ContinuousBatcher:
             keys = torch.cat([_pad_left(head[layer][0], width, 2) for head in heads])
             values = torch.cat([_pad_left(head[layer][1], width, 2) for head in heads])
             cache.update(keys, values, layer)
+        lengths = torch.tensor([length for _, length in prefixes])[:, None]
         rests = [row.prompt_ids[length:] for row, (_, length) in zip(rows, prefixes, strict=True)]
-        rest_width = max(len(rest) for rest in rests)
-        ids = torch.full((len(rows), rest_width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width + rest_width), dtype=torch.long)
-        positions = torch.zeros((len(rows), rest_width), dtype=torch.long)
-        for i, (rest, (_, length)) in enumerate(zip(rests, prefixes, strict=True)):
-            ids[i, rest_width - len(rest) :] = torch.tensor(rest)
-            mask[i, width - length : width] = 1
-            mask[i, width + rest_width - len(rest) :] = 1
-            positions[i, rest_width - len(rest) :] = torch.arange(length, length + len(rest))
+        ids, rest_mask = _left_padded(rests, self.pad_id)
+        prefix_mask = (torch.arange(width) >= width - lengths).long()
+        positions = (rest_mask.cumsum(-1) - 1).clamp(min=0) + lengths
+        mask = torch.cat([prefix_mask, rest_mask], dim=1)
         ids, mask, positions = ids.to(self.device), mask.to(self.device), positions.to(self.device)
         out = self.model(
             input_ids=ids,
@@ -464,6 +456,18 @@ def _select(live: _LiveBatch, keep: list[int], rows: list[_Row] | None = None) -
                 layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
     kept = [live.rows[i] for i in keep] if rows is None else rows
     return _LiveBatch(kept, live.cache, mask, live.logits[index])
+
+
+def _left_padded(sequences: list[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sequences`` as ``[B, width]`` ids aligned right (left-padded with ``pad_id``) and
+    the matching attention mask (0 on padding)."""
+    width = max(len(sequence) for sequence in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, sequence in enumerate(sequences):
+        ids[i, width - len(sequence) :] = torch.tensor(sequence)
+        mask[i, width - len(sequence) :] = 1
+    return ids, mask
 
 
 def _pad_left(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
