@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_metrics
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from agentgym.cli import app
 from agentgym.client import EnvClient
@@ -31,6 +31,14 @@ HOUSE = "tw-simple/dense-detailed/s2"
 def play(url: str, policy: object, task: str, **config: object):
     (trajectory,) = asyncio.run(run_episodes(url, policy, [EpisodeSpec(task)], RolloutConfig(**config)))
     return trajectory
+
+
+def train_grpo(model: Path, out: Path, settings: dict[str, object]) -> Result:
+    """``agentgym train --algo grpo --schedule fixed`` with ``settings`` as ``--set``s; it must succeed."""
+    args = ["train", "--algo", "grpo", "--schedule", "fixed", "--model", str(model), "--out", str(out)]
+    result = CliRunner().invoke(app, args + [f"--set={k}={v}" for k, v in settings.items()])
+    assert result.exit_code == 0, result.output
+    return result
 
 
 def test_the_policy_sees_the_valid_commands_on_every_observation_but_the_last(textworld_url: str) -> None:
@@ -132,19 +140,7 @@ def test_a_run_evaluates_after_behaviour_cloning_and_at_the_end(
         "eval_tasks": 4,
         "entropy_floor": 100.0,  # any entropy is "collapsed": the warning must reach the record
     }
-    args = [
-        "train",
-        "--algo",
-        "grpo",
-        "--schedule",
-        "fixed",
-        "--model",
-        str(tiny_model_dir),
-        "--out",
-        str(tmp_path),
-    ]
-    result = CliRunner().invoke(app, args + [f"--set={k}={v}" for k, v in settings.items()])
-    assert result.exit_code == 0, result.output
+    result = train_grpo(tiny_model_dir, tmp_path, settings)
     history = run_metrics(tmp_path)
     evaluated = [(r["step"], r["phase"], len(r["eval_outcomes"])) for r in history if "eval_outcomes" in r]
     assert evaluated == [(2, "bc", 4), (3, "rl", 4)]
@@ -175,19 +171,7 @@ def test_rl_draws_only_tasks_the_expert_finishes_within_the_horizon(
         "max_new_tokens": 4,
         "eval_tasks": 1,
     }
-    args = [
-        "train",
-        "--algo",
-        "grpo",
-        "--schedule",
-        "fixed",
-        "--model",
-        str(tiny_model_dir),
-        "--out",
-        str(tmp_path),
-    ]
-    result = CliRunner().invoke(app, args + [f"--set={k}={v}" for k, v in settings.items()])
-    assert result.exit_code == 0, result.output
+    train_grpo(tiny_model_dir, tmp_path, settings)
     expert_turns = {t.task_id: t.turns for t in read_trajectories(tmp_path / "expert.jsonl")}
     assert min(expert_turns.values()) <= 2 < max(expert_turns.values())  # the demonstrations differ in length
     drawn = [
