@@ -2,7 +2,9 @@
 
 Both pool connections, time out, retry with exponential backoff and return the typed
 models of :mod:`agentgym.wire`. Server errors come back as the exceptions of
-:mod:`agentgym.errors` (``UnknownSession``, ``EpisodeOver``, ...).
+:mod:`agentgym.errors` (``UnknownSession``, ``EpisodeOver``, ...); transport failures as
+httpx's (``httpx.ConnectError``, ``httpx.ReadTimeout``, ... all ``httpx.TransportError``),
+whichever library carried the request.
 
 Retries never repeat a step that may have reached the engine: a ``step`` is retried only
 when it was refused before running (429, or the connection could not be opened).
@@ -13,12 +15,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import json
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import aiohttp
 import httpx
 from pydantic import BaseModel
 
@@ -49,6 +53,15 @@ class _Call:
     params: dict[str, Any] | None = None
     idempotent: bool = True
     """Safe to resend after a timeout or 503 (the server did nothing, or doing it twice is harmless)."""
+
+
+@dataclass
+class _Reply:
+    """An HTTP answer, as either transport hands it over."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
 
 
 @dataclass
@@ -163,44 +176,40 @@ class _ClientBase(_Endpoints):
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.retry = retry or RetryPolicy()
-        self._client_kwargs: dict[str, Any] = {
-            "base_url": self.base_url,
-            "timeout": httpx.Timeout(timeout, connect=min(timeout, 10.0)),
-            "limits": httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
-            ),
-            "headers": {"Authorization": f"Bearer {token}"} if token else {},
-        }
+        self._timeout = timeout
+        self._connect_timeout = min(timeout, 10.0)
+        self._max_connections = max_connections
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     def _retry_wait(
-        self, call: _Call, attempt: int, response: httpx.Response | None, exc: Exception | None
+        self, call: _Call, attempt: int, reply: _Reply | None, exc: Exception | None
     ) -> float | None:
         """Seconds to wait before the next attempt, or ``None`` to stop here."""
-        status = response.status_code if response is not None else None
+        status = reply.status if reply is not None else None
         if not self.retry.should_retry(call, attempt, status, exc):
             return None
-        retry_after = _error_of(response).retry_after if response is not None else None
+        retry_after = _error_of(reply).retry_after if reply is not None else None
         return self.retry.wait(attempt, retry_after)
 
     @staticmethod
-    def _finish(call: _Call, response: httpx.Response | None, exc: Exception | None) -> Any:
+    def _finish(call: _Call, reply: _Reply | None, exc: Exception | None) -> Any:
         if exc is not None:
             raise exc
-        assert response is not None
-        if response.status_code >= 400:
-            raise _error_of(response)
+        assert reply is not None
+        if reply.status >= 400:
+            raise _error_of(reply)
         if call.model is None:
             return None
-        return call.model.model_validate(response.json())
+        return call.model.model_validate_json(reply.body)
 
 
-def _error_of(response: httpx.Response) -> AgentGymError:
+def _error_of(reply: _Reply) -> AgentGymError:
     try:
-        body: object = response.json()
+        body: object = json.loads(reply.body)
     except ValueError:
-        body = response.text
-    retry_after = response.headers.get("retry-after")
-    return error_from_body(response.status_code, body, float(retry_after) if retry_after else None)
+        body = reply.body.decode(errors="replace")
+    retry_after = reply.headers.get("retry-after")
+    return error_from_body(reply.status, body, float(retry_after) if retry_after else None)
 
 
 class EnvClient(_ClientBase):
@@ -208,18 +217,26 @@ class EnvClient(_ClientBase):
 
     def __init__(self, base_url: str, **kwargs: Any) -> None:
         super().__init__(base_url, **kwargs)
-        self._http = httpx.Client(**self._client_kwargs)
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(self._timeout, connect=self._connect_timeout),
+            limits=httpx.Limits(
+                max_connections=self._max_connections, max_keepalive_connections=self._max_connections
+            ),
+            headers=self._headers,
+        )
 
     def _send(self, call: _Call) -> Any:
         for attempt in itertools.count():
-            response, error = None, None
+            reply, error = None, None
             try:
                 response = self._http.request(call.method, call.path, json=call.json, params=call.params)
+                reply = _Reply(response.status_code, response.headers, response.content)
             except httpx.TransportError as exc:
                 error = exc
-            wait = self._retry_wait(call, attempt, response, error)
+            wait = self._retry_wait(call, attempt, reply, error)
             if wait is None:
-                return self._finish(call, response, error)
+                return self._finish(call, reply, error)
             time.sleep(wait)
 
     def close(self) -> None:
@@ -233,31 +250,78 @@ class EnvClient(_ClientBase):
 
 
 class AsyncEnvClient(_ClientBase):
-    """asyncio client; many sessions can be driven concurrently over one pool."""
+    """asyncio client; many sessions can be driven concurrently over one pool.
+
+    It runs on aiohttp, whose pool hands out a connection in constant time: httpx's scans
+    and probes every pooled connection on each request, which at 64 sessions cost 12.8 ms
+    of client CPU per step against aiohttp's 0.5 ms (bench/RESULTS.md, issue 18)."""
 
     def __init__(self, base_url: str, **kwargs: Any) -> None:
         super().__init__(base_url, **kwargs)
-        self._http = httpx.AsyncClient(**self._client_kwargs)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        # Made on first use, inside the event loop it then belongs to (aiohttp's rule).
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._max_connections),
+                timeout=aiohttp.ClientTimeout(
+                    total=None,
+                    connect=self._timeout,  # waiting for a free pooled connection included, as httpx's pool timeout
+                    sock_connect=self._connect_timeout,
+                    sock_read=self._timeout,
+                ),
+                headers=self._headers,
+            )
+        return self._session
+
+    async def _request(self, call: _Call) -> _Reply:
+        try:
+            async with self._http().request(
+                call.method, self.base_url + call.path, json=call.json, params=call.params
+            ) as response:
+                return _Reply(response.status, response.headers, await response.read())
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _as_httpx_error(exc) from exc
 
     async def _send(self, call: _Call) -> Any:
         for attempt in itertools.count():
-            response, error = None, None
+            reply, error = None, None
             try:
-                response = await self._http.request(
-                    call.method, call.path, json=call.json, params=call.params
-                )
+                reply = await self._request(call)
             except httpx.TransportError as exc:
                 error = exc
-            wait = self._retry_wait(call, attempt, response, error)
+            wait = self._retry_wait(call, attempt, reply, error)
             if wait is None:
-                return self._finish(call, response, error)
+                return self._finish(call, reply, error)
             await asyncio.sleep(wait)
 
     async def close(self) -> None:
-        await self._http.aclose()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     async def __aenter__(self) -> AsyncEnvClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _as_httpx_error(exc: aiohttp.ClientError | TimeoutError) -> httpx.TransportError:
+    """The httpx exception for an aiohttp failure, so that both clients raise the same types
+    (and ``NEVER_SENT`` keeps telling which failures left the server untouched)."""
+    message = str(exc) or type(exc).__name__
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return httpx.ConnectTimeout(message)
+    if isinstance(exc, TimeoutError):
+        return httpx.ReadTimeout(message)
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return httpx.ConnectError(message)
+    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
+        return httpx.RemoteProtocolError(message)
+    if isinstance(exc, aiohttp.ClientOSError):
+        return httpx.ReadError(message)
+    if isinstance(exc, aiohttp.InvalidURL):
+        return httpx.UnsupportedProtocol(message)
+    return httpx.TransportError(message)

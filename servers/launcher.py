@@ -24,7 +24,7 @@ from fastapi import FastAPI
 from agentgym.servers.app import ServerConfig, create_app
 
 KEEP_ALIVE_S = 65
-"""Server-side idle keep-alive. Clients (httpx: 5 s) must drop idle connections first;
+"""Server-side idle keep-alive. Clients (httpx: 5 s, aiohttp: 15 s) must drop idle connections first;
 equal timeouts race, and a request sent on a connection the server is closing fails."""
 
 BASE_PORT = 8100

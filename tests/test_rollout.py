@@ -230,8 +230,11 @@ def test_a_server_that_cannot_be_reached_fails_the_run_at_once() -> None:
 
 
 def test_free_running_episodes_never_wait_for_each_other(textworld_url: str) -> None:
-    policy = TimedExpert(delay=0.05)
     tasks = [SIMPLE, COIN, HUNT, COIN.replace("s1000000", "s1000012")]
+    play(textworld_url, ExpertPolicy(), tasks, concurrency=4)  # games generated first: no reset waits on one
+    # A slow policy (0.2 s a reply): the long episode outlasts the others' resets, so whether
+    # they ran beside it does not depend on the machine's speed.
+    policy = TimedExpert(delay=0.2)
     trajectories = play(textworld_url, policy, tasks, concurrency=2)
     assert all(t.success for t in trajectories)
     # The short episodes (1-2 turns) finished and a queued one started while the long one ran.
