@@ -288,6 +288,12 @@ def up(
     gateway_port: Annotated[
         int | None, typer.Option(help="The gateway's port (default: the base port).")
     ] = None,
+    warm: Annotated[
+        int | None,
+        typer.Option(
+            min=0, help="Each server's --warm: engines started ahead of demand (default: 2 per core)."
+        ),
+    ] = None,
 ) -> None:
     """Start local env servers as subprocesses, each on its port of the scheme (base port +
     the env's offset; with ENV=N, N replicas on free ports behind a gateway on the base port);
@@ -300,11 +306,12 @@ def up(
     if use_gateway is None:
         use_gateway = any("=" in spec for spec in specs)
     os.makedirs(log_dir, exist_ok=True)
+    server_args = ["--warm", str(warm)] if warm is not None else []
+    common = dict(host=host, log_dir=log_dir, timeout=timeout, server_args=server_args)
     if use_gateway:
-        gateway_port = gateway_port or base
-        starting = serve_fleet(counts, host=host, log_dir=log_dir, timeout=timeout, gateway_port=gateway_port)
+        starting = serve_fleet(counts, gateway_port=gateway_port or base, **common)
     else:
-        starting = serve_processes(list(counts), host=host, log_dir=log_dir, timeout=timeout, base=base)
+        starting = serve_processes(list(counts), base=base, **common)
     with console.status(f"starting {', '.join(specs)} ..."):
         stack = contextlib.ExitStack()
         try:

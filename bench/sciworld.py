@@ -4,7 +4,7 @@ concurrent sessions over HTTP, the same at 1 session in-process (the raw engine 
 ``SciWorldEnv.step``; ScienceWorld's own ``ScienceWorldEnv.step``), then the server's RSS,
 JVMs included, across N whole episodes.
 
-    python bench/sciworld.py [--seconds 20] [--sessions 4 16] [--episodes 500] [--json out.json]
+    python bench/sciworld.py [--seconds 20] [--sessions 4 16] [--episodes 500] [--memory-only] [--json out.json]
 
 The workload is the real one: each session plays the test split's tasks in order
 (staggered per session), replaying the engine's gold path, first untimed for
@@ -228,19 +228,24 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=4, help="alternating raw/HTTP rounds at 1 session")
     parser.add_argument("--episodes", type=int, default=500, help="episodes for the RSS check (0 skips)")
+    parser.add_argument(
+        "--memory-only", action="store_true", help="only the RSS check (skip the step figures)"
+    )
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
 
-    rows = paired_single_session(args.seconds, args.warmup, args.rounds)
-    rows.append(in_process("scienceworld env", args.seconds, args.warmup))
-    for row in rows:
-        report(row, rows[0])
+    rows: list[Figures] = []
+    if not args.memory_only:
+        rows = paired_single_session(args.seconds, args.warmup, args.rounds)
+        rows.append(in_process("scienceworld env", args.seconds, args.warmup))
+        for row in rows:
+            report(row, rows[0])
     sets = [arg for setting in SERVER_POOL for arg in ("--set", setting)]
     server = start_server_process("sciworld", extra_args=["--log-level", "warning", *sets])
     memory = None
     try:
         wait_healthy(server.url, 300, server.process)
-        for sessions in (n for n in args.sessions if n > 1):
+        for sessions in (n for n in args.sessions if n > 1 and not args.memory_only):
             over_http(server.url, sessions, args.warmup)  # start and warm the JVMs
             rows.append(figures("http", sessions, *over_http(server.url, sessions, args.seconds)))
             report(rows[-1], rows[0])

@@ -1,7 +1,7 @@
 """Our ScienceWorld server side by side with AgentGym's own, under the same load and games.
 
     python bench/sciworld_peer.py --peer PATH [--loads 1x1x80 4x1x80 16x1x80 16x3x20]
-                                  [--warm 16] [--json out.json]
+                                  [--warm 16] [--set gold_path=false] [--json out.json]
 
 ``PATH`` is a local copy of AgentGym's ScienceWorld server: the ``agentenv-sciworld``
 folder of https://github.com/WooooDyy/AgentGym (or the repository's root). Getting it is
@@ -236,11 +236,12 @@ def wait_until_up(url: str, process: subprocess.Popen, timeout: float = 300) -> 
     sys.exit(f"the server at {url} did not come up in {timeout:g} s")
 
 
-def start_ours(warm: int, max_sessions: int, tmpdir: Path) -> Server:
+def start_ours(warm: int, max_sessions: int, settings: list[str], tmpdir: Path) -> Server:
     old = os.environ.get("TMPDIR")
     os.environ["TMPDIR"] = str(tmpdir)
     try:
         args = ["--log-level", "warning", "--max-sessions", str(max_sessions), "--warm", str(warm)]
+        args += [arg for setting in settings for arg in ("--set", setting)]
         server = start_server_process("sciworld", extra_args=args)
     finally:
         if old is None:
@@ -287,6 +288,14 @@ def main() -> None:
     parser.add_argument("--warm", type=int, default=16, help="our server's --warm")
     parser.add_argument("--max-sessions", type=int, default=64, help="our server's --max-sessions")
     parser.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="our server's --set (repeatable); gold_path=false does AgentGym's work: no expert path per load",
+    )
+    parser.add_argument(
         "--peer-heap-mb",
         type=int,
         default=512,
@@ -301,7 +310,7 @@ def main() -> None:
         peer_tmp.mkdir(), ours_tmp.mkdir()
         servers = [
             start_peer(args.peer, peer_tmp, args.peer_heap_mb),
-            start_ours(args.warm, args.max_sessions, ours_tmp),
+            start_ours(args.warm, args.max_sessions, args.settings, ours_tmp),
         ]
         runs: list[Run] = []
         try:

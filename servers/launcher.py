@@ -227,14 +227,18 @@ def serve_processes(
     log_dir: str | None = None,
     timeout: float = 180.0,
     base: int | None = None,
+    server_args: list[str] | None = None,
 ) -> Iterator[list[ServerProcess]]:
-    """Start one server process per env, each on its :func:`default_port` under ``base``
-    (None: on free ports), wait until all are healthy, stop them all on exit.
-    ``PortInUse`` when a port is taken."""
+    """Start one server process per env (``agentgym serve ENV`` plus ``server_args``), each
+    on its :func:`default_port` under ``base`` (None: on free ports), wait until all are
+    healthy, stop them all on exit. ``PortInUse`` when a port is taken."""
     with _stopped_on_exit() as servers:
         for env in envs:
             port = default_port(env, base) if base is not None else None
-            servers.append(start_server_process(env, host=host, port=port, log_path=_log(log_dir, env)))
+            log_path = _log(log_dir, env)
+            servers.append(
+                start_server_process(env, host=host, port=port, extra_args=server_args, log_path=log_path)
+            )
         _wait_all(servers, timeout)
         yield servers
 
@@ -246,8 +250,10 @@ def serve_fleet(
     log_dir: str | None = None,
     timeout: float = 180.0,
     gateway_port: int = BASE_PORT,
+    server_args: list[str] | None = None,
 ) -> Iterator[list[ServerProcess]]:
-    """Start ``replicas[env]`` server processes per env (on free ports) and a gateway in
+    """Start ``replicas[env]`` server processes per env (on free ports, with ``server_args``
+    as in :func:`serve_processes`) and a gateway in
     front of them on ``gateway_port``; the gateway comes last in the yielded list.
     Waits until all are healthy, stops them all on exit. ``PortInUse`` when the gateway's
     port is taken (checked first, before any replica starts)."""
@@ -258,7 +264,10 @@ def serve_fleet(
     ):
         for env, count in replicas.items():
             for i in range(1, count + 1):
-                servers.append(start_server_process(env, host=host, log_path=_log(log_dir, f"{env}-{i}")))
+                log_path = _log(log_dir, f"{env}-{i}")
+                servers.append(
+                    start_server_process(env, host=host, extra_args=server_args, log_path=log_path)
+                )
         _wait_all(servers, timeout)
         urls = {env: [s.url for s in servers if s.env == env] for env in replicas}
         servers.append(

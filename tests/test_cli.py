@@ -13,7 +13,7 @@ from conftest import read_until, stop_with_ctrl_c
 from typer.testing import CliRunner
 
 from agentgym.cli import app
-from agentgym.servers.launcher import start_server_process, wait_healthy
+from agentgym.servers.launcher import ENV_PORT_OFFSETS, free_port, start_server_process, wait_healthy
 
 runner = CliRunner()
 
@@ -47,8 +47,10 @@ def test_serve_process_answers_and_stops_on_sigint() -> None:
 
 
 def test_up_starts_servers_prints_urls_and_stops_them_on_ctrl_c(tmp_path) -> None:
+    base = free_port() - ENV_PORT_OFFSETS["textworld"]  # never the user's 8101
+    up = ["up", "textworld", "--base-port", str(base), "--warm", "3", "--log-dir", str(tmp_path)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agentgym.cli", "up", "textworld", "--log-dir", str(tmp_path)],
+        [sys.executable, "-m", "agentgym.cli", *up],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -60,7 +62,8 @@ def test_up_starts_servers_prints_urls_and_stops_them_on_ctrl_c(tmp_path) -> Non
         assert urls, output
         assert httpx.get(f"{urls[0]}/health").json()["env"] == "textworld"
         children = psutil.Process(proc.pid).children(recursive=True)
-        assert children
+        (server,) = [child for child in children if "serve" in child.cmdline()]
+        assert server.cmdline()[-2:] == ["--warm", "3"]  # up's --warm reaches every server
         stop_with_ctrl_c(proc, children, output)
     finally:
         if proc.poll() is None:

@@ -163,6 +163,22 @@ class TextWorldEnv(TaskListsMixin, TextEnv):
         rest = train[len(test) :] + test[len(train) :]
         self.store.prefetch(game_spec(t) for t in interleaved + rest)
 
+    def warm_engines(self, count: int) -> None:
+        """Play one reset of a cached game in this process (servers' ``--warm``), so that no
+        session's first reset pays for loading TextWorld, jericho and the game grammar.
+        A textworld engine is a plain object with nothing to keep started, so ``count``
+        only says whether to warm (0: not). Nothing is generated here: with no game cached
+        yet, the first reset waits for its game anyway."""
+        if count <= 0:
+            return
+        cached = (
+            t for split in ("test", "train") for t in self._tasks[split] if self.store.cached(t.task_id)
+        )
+        task = next(cached, None)
+        if task is not None:
+            self.reset(task_id=task.task_id)
+            self.close()
+
     def game_file(self, task_id: str) -> str:
         """The compiled game of ``task_id``, generated first (ahead of any prefetch) if need
         be. Sessions ask the catalog instance for it (:meth:`on_catalog`), so a server's
