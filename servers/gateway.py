@@ -109,6 +109,9 @@ class Replica:
     healthy: bool = False
     sessions: int = 0
     capacity: int = 0
+    opening: int = 0
+    """Creates sent to it and not answered yet: a burst of concurrent creates must spread
+    before any of them is counted in ``sessions``."""
     key: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -117,7 +120,7 @@ class Replica:
 
     @property
     def load(self) -> float:
-        return self.sessions / self.capacity if self.capacity else 0.0
+        return (self.sessions + self.opening) / self.capacity if self.capacity else float(self.opening)
 
     def report(self) -> dict[str, Any]:
         return {
@@ -404,12 +407,15 @@ class Gateway:
         that are unreachable (nothing ran there) or at capacity. 429 when all are full."""
         body, retry_after = await request.body(), None
         for replica in await self._candidates(env):
+            replica.opening += 1
             try:
                 upstream = await self.send(replica, request, path, body=body)
             except EngineError:
                 if replica.healthy:  # a timeout: the create may have run, so never resend it
                     raise
                 continue
+            finally:
+                replica.opening -= 1
             if upstream.status_code != 429:
                 if upstream.status_code < 300:
                     replica.sessions += 1  # until the next poll

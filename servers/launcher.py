@@ -23,6 +23,11 @@ from fastapi import FastAPI
 
 from agentgym.servers.app import ServerConfig, create_app
 
+HTTP_PARSER = "h11"
+"""uvicorn's HTTP parser for every server here, chosen rather than whichever is installed:
+httptools refuses methods it does not know (``FROB``) with a bare 400 before the app sees
+them, where the wire API answers 405 ``method_not_allowed`` (h11 hands them to the app)."""
+
 KEEP_ALIVE_S = 65
 """Server-side idle keep-alive. Clients (httpx: 5 s, aiohttp: 15 s) must drop idle connections first;
 equal timeouts race, and a request sent on a connection the server is closing fails."""
@@ -112,7 +117,9 @@ def serve_in_thread(
     """Run an env server (an app, or the app of a config) in a daemon thread; yield its URL."""
     app = create_app(app_or_config) if isinstance(app_or_config, ServerConfig) else app_or_config
     port = port or free_port(host)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_keep_alive=KEEP_ALIVE_S)
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", timeout_keep_alive=KEEP_ALIVE_S, http=HTTP_PARSER
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"agentgym-server-{port}", daemon=True)
     thread.start()
