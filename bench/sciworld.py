@@ -235,6 +235,7 @@ def main() -> None:
     args = parser.parse_args()
 
     rows: list[Figures] = []
+    http_sessions = [] if args.memory_only else [n for n in args.sessions if n > 1]
     if not args.memory_only:
         rows = paired_single_session(args.seconds, args.warmup, args.rounds)
         rows.append(in_process("scienceworld env", args.seconds, args.warmup))
@@ -245,7 +246,7 @@ def main() -> None:
     memory = None
     try:
         wait_healthy(server.url, 300, server.process)
-        for sessions in (n for n in args.sessions if n > 1 and not args.memory_only):
+        for sessions in http_sessions:
             over_http(server.url, sessions, args.warmup)  # start and warm the JVMs
             rows.append(figures("http", sessions, *over_http(server.url, sessions, args.seconds)))
             report(rows[-1], rows[0])
