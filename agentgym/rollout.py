@@ -64,6 +64,10 @@ class RolloutConfig:
     show_actions: bool = False
     """Append the env's valid commands (``info["available_actions"]``) to every observation
     the policy sees; envs that report none are unaffected."""
+    constrain_actions: bool = False
+    """The policy may only reply with one of the env's valid commands (``info["available_actions"]``)
+    in the agent format: token-level constrained decoding in the HF policy (requests carry
+    ``info["reply_choices"]``; other policies ignore it); envs that report none are unaffected."""
     max_context_tokens: int | None = None
     """Token-level policies: an episode whose context plus ``sampling.max_new_tokens`` would
     pass this many tokens ends with ``end_reason = "context_full"`` before the turn
@@ -362,8 +366,11 @@ class Episode:
         if isinstance(expert, str):
             # The expert policy replies with this verbatim, so hand it over in the agent's format.
             info["expert_action"] = self.ctx.agent.render(expert)
-        if isinstance(self.info.get("available_actions"), list):  # tool-calling policies' tools
-            info["available_actions"] = self.info["available_actions"]
+        valid = self.info.get("available_actions")
+        if isinstance(valid, list):  # tool-calling policies' tools
+            info["available_actions"] = valid
+            if self.ctx.config.constrain_actions and valid:
+                info["reply_choices"] = [self.ctx.agent.render(action) for action in valid]
         return GenerationRequest(
             messages=[
                 {k: m[k] for k in ("role", "content", "tool_call") if k in m}

@@ -6,10 +6,13 @@ same budget, on the same tasks and seeds, and a table of what each reached.
     python bench/learning.py --seeds 0 --arms bapo+scaling-inter --set steps=6
 
 Every run is ``agentgym train`` in its own process (one at a time: two torch jobs on two
-cores slow both) into ``--out/<env>/<arm>/seed-<s>``. A finished run (its ``heldout.json``
-or last metrics record is there) is skipped on a re-run and an interrupted one resumes
-from its checkpoint, so the bench can run across several sittings; the table is printed
-from whatever has finished.
+cores slow both) into ``--out/<env>/<arm>/seed-<s>``. Behaviour cloning is the same in
+every arm, so it runs once per seed (``--out/<env>/_bc-start/seed-<s>``, ``steps=0``) and
+each arm starts as a copy of that run with its own config, resumed from the last cloning
+checkpoint: every arm of a seed starts RL from the very same weights (and the same "after
+BC" evaluation), and no arm pays for cloning again. A finished run (its last metrics record
+is there) is skipped on a re-run and an interrupted one resumes from its checkpoint, so the
+bench can run across several sittings; the table is printed from whatever has finished.
 
 Arms share every setting (the embedded default run, plus ``--set``) and differ only as
 named: the algorithm, fixed horizon (``max_turns`` = the schedule's last round) or
@@ -27,6 +30,7 @@ entropy of the last update, and mean wall time per run.
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +45,8 @@ from agentgym.trainers.checkpoint import MetricsLog
 from agentgym.trainers.config import TrainConfig
 
 BC_ARM = "bc-continued"
+START = "_bc-start"
+"""The folder of each seed's behaviour-cloning run, which every arm starts from."""
 ARMS: dict[str, dict[str, Any]] = {
     "bapo+scaling-inter": {"algo": "bapo", "schedule": "scaling-inter"},
     "bapo+fixed": {"algo": "bapo", "schedule": "fixed"},
@@ -101,13 +107,37 @@ def train(
     if finished(folder):
         console.print(f"[dim]{arm} seed {seed}: done earlier, skipped[/dim]")
         return
-    overrides = {**shared, **arm_overrides(arm, seed, base, root, arms), "seed": seed}
+    if not (folder / "metrics.jsonl").exists():
+        start = cloned_start(root, seed, shared)
+        overrides = {**shared, **arm_overrides(arm, seed, base, root, arms), "seed": seed}
+        fork(start, folder, base.with_overrides(overrides | {"output_dir": str(folder)}))
+    run_train(f"{arm} seed {seed}", folder, None)
+
+
+def cloned_start(root: Path, seed: int, shared: dict[str, Any]) -> Path:
+    """The seed's behaviour-cloning run (no RL steps), trained on first use."""
+    folder = run_dir(root, START, seed)
+    if not finished(folder):
+        run_train(f"behaviour cloning, seed {seed}", folder, {**shared, "seed": seed, "steps": 0})
+    return folder
+
+
+def fork(start: Path, folder: Path, config: TrainConfig) -> None:
+    """``folder`` becomes a copy of the cloning run ``start`` with ``config``: resuming it
+    continues from the last cloning checkpoint under the arm's settings."""
+    shutil.copytree(start, folder, ignore=shutil.ignore_patterns("heldout.json", "curves.png", "tensorboard"))
+    config.save(folder / "config.yaml")
+
+
+def run_train(label: str, folder: Path, overrides: dict[str, Any] | None) -> None:
+    """``agentgym train`` into ``folder``: a new run with ``overrides``, or (None, or a run
+    already there) the saved run resumed from its last checkpoint."""
     command = [sys.executable, "-m", "agentgym.cli", "train", "--out", str(folder)]
-    if (folder / "metrics.jsonl").exists():
-        command.append("--resume")  # the interrupted run continues; its config is the saved one
+    if overrides is None or (folder / "metrics.jsonl").exists():
+        command.append("--resume")  # the config is the saved one
     else:
         command += [arg for key, value in overrides.items() for arg in ("--set", f"{key}={_yaml(value)}")]
-    console.print(f"[bold]{arm} seed {seed}[/bold]: {' '.join(command)}")
+    console.print(f"[bold]{label}[/bold]: {' '.join(command)}")
     subprocess.run(command, check=True)
 
 

@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import run_metrics
 from typer.testing import CliRunner, Result
 
@@ -139,9 +140,14 @@ def test_a_run_evaluates_after_behaviour_cloning_and_at_the_end(
         "agent_format": "plain",
         "eval_tasks": 4,
         "entropy_floor": 100.0,  # any entropy is "collapsed": the warning must reach the record
+        "learning_rate": 1e-3,
+        "rl_learning_rate": 2e-4,
     }
     result = train_grpo(tiny_model_dir, tmp_path, settings)
     history = run_metrics(tmp_path)
+    for step, lr in ((2, 1e-3), (3, 2e-4)):  # cloning at learning_rate, RL at rl_learning_rate
+        saved = torch.load(tmp_path / "checkpoints" / f"step-{step:06d}" / "optimizer.pt", weights_only=False)
+        assert saved["optimizer"]["param_groups"][0]["lr"] == pytest.approx(lr)
     evaluated = [(r["step"], r["phase"], len(r["eval_outcomes"])) for r in history if "eval_outcomes" in r]
     assert evaluated == [(2, "bc", 4), (3, "rl", 4)]
     assert "entropy collapse" in history[-1]["warnings"][0]
@@ -174,6 +180,8 @@ def test_rl_draws_only_tasks_the_expert_finishes_within_the_horizon(
     train_grpo(tiny_model_dir, tmp_path, settings)
     expert_turns = {t.task_id: t.turns for t in read_trajectories(tmp_path / "expert.jsonl")}
     assert min(expert_turns.values()) <= 2 < max(expert_turns.values())  # the demonstrations differ in length
+    # fits-horizon: the expert plays every train task (RL may draw beyond the 12 cloned).
+    assert (len(expert_turns) > 12) == (curriculum == "fits-horizon")
     drawn = [
         t.task_id
         for step in (2, 3)

@@ -11,6 +11,7 @@ import importlib.util
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -257,6 +258,41 @@ def test_greedy_rows_report_temperature_one_logprobs() -> None:
     assert logprobs[0].item() == pytest.approx(torch.log_softmax(logits[0], -1)[0].item())
     expected = torch.log_softmax(logits[1] / 0.5, -1)[tokens[1]].item()
     assert logprobs[1].item() == pytest.approx(expected)
+
+
+def test_allowed_tokens_bound_the_draw_but_not_the_recorded_logprob() -> None:
+    logits = torch.tensor([[5.0, 1.0, 0.0, -1.0]] * 3)
+    allowed = torch.tensor([[False, True, True, False]] * 3)
+    greedy = torch.tensor([0.0, 1.0, 1.0])
+    for seed in range(20):
+        generators = [None, torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 99)]
+        tokens, logprobs = sample_next(logits, greedy, torch.ones(3), generators, allowed)
+        assert tokens[0].item() == 1  # the likeliest allowed token, not the likeliest token
+        assert set(tokens.tolist()) <= {1, 2}
+        model = torch.log_softmax(logits[0], -1)
+        assert logprobs.tolist() == pytest.approx(model[tokens].tolist())
+
+
+async def test_choices_constrain_the_reply_to_one_of_them(policy: HFPolicy) -> None:
+    choices = ["Action: go north", "Action: open fridge", "Action: take apple from fridge"]
+    question = "You are in a kitchen with a fridge and a door to the north. What do you do next?"
+    request = GenerationRequest(
+        messages=[{"role": "user", "content": question}], info={"reply_choices": choices}
+    )
+    free = await policy.generate([ask(question)], GREEDY)
+    assert free[0].text not in choices  # unconstrained, the model narrates
+    sampled = SamplingParams(temperature=1.0, max_new_tokens=16, seed=0)
+    for sampling in (GREEDY, sampled, replace(sampled, seed=1), replace(sampled, seed=2)):
+        [reply] = await policy.generate([request], sampling)
+        assert reply.text in choices and reply.finish_reason == "stop"
+        assert reply.token_ids == [
+            *policy.tokenizer.encode(reply.text, add_special_tokens=False),
+            reply.token_ids[-1],
+        ]
+        rescored = policy.logprobs_of(
+            policy.prompt_ids(request.messages), reply.token_ids, sampling.temperature
+        )
+        assert rescored == pytest.approx(reply.logprobs, abs=1e-4)  # the model's own log-probs
 
 
 # ----- expert, factory, optional backends ------------------------------------------------------

@@ -154,6 +154,24 @@ def test_token_accounting_is_exact_with_the_real_model(textworld_url: str, hf: H
     assert first.messages[2]["content"] != second.messages[2]["content"]
 
 
+def test_constrained_episodes_play_only_valid_commands(textworld_url: str, hf: HFPolicy) -> None:
+    """The untrained model mostly narrates or invents commands; constrained to the valid
+    ones, every turn plays one, and the accounting stays exact."""
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=24, seed=5)
+    specs = [EpisodeSpec(SIMPLE, 0), EpisodeSpec(HUNT, 0)]
+    free = play(textworld_url, hf, specs, max_turns=3, sampling=sampling, show_actions=True)
+    assert sum(t.invalid_turns for t in free) > 0
+    bound = play(
+        textworld_url, hf, specs, max_turns=3, sampling=sampling, show_actions=True, constrain_actions=True
+    )
+    for trajectory in bound:
+        assert trajectory.turns >= 1 and trajectory.invalid_turns == 0
+        replies = [m["content"] for m in trajectory.messages if m["role"] == "assistant"]
+        assert all(reply.startswith("Action: ") for reply in replies)
+        assert_exact_accounting(trajectory, hf.tokenizer)
+        assert not trajectory.template_drift
+
+
 @pytest.mark.parametrize("cut", [False, True], ids=["end-of-turn", "cut-at-max-tokens"])
 def test_incremental_ids_equal_the_full_render_for_chatml(
     textworld_url: str, hf: HFPolicy, cut: bool

@@ -223,6 +223,7 @@ def rollout_config(config: Any, max_turns: int | None, how: SamplingParams | Non
         concurrency=config.concurrency,
         format=config.agent_format,
         show_actions=config.show_actions,
+        constrain_actions=config.constrain_actions,
         max_context_tokens=config.max_context_tokens,
     )
 

@@ -135,6 +135,10 @@ class TrainConfig:
     show_actions: bool = True
     """Append the env's valid commands to each observation (demonstrations, rollouts and
     evaluation alike); envs that report none are unaffected."""
+    constrain_actions: bool = False
+    """Sample only replies that play one of the env's valid commands (constrained decoding,
+    rollouts and evaluation alike; the hf generator): no turn is spent on an invalid command.
+    The update scores the model's own log-probs of the chosen tokens."""
 
     # ----- off-policy and asynchronous training ------------------------------------------
     mode: str = "sync"
@@ -167,6 +171,10 @@ class TrainConfig:
     # ----- optimisation ----------------------------------------------------------------
     learning_rate: float = 1e-3
     """AdamW learning rate (LoRA on SmolLM2: 1e-4 left the 25-step warm start narrating; 1e-3 learned the format)."""
+    rl_learning_rate: float | None = None
+    """Learning rate of the RL steps; None: ``learning_rate``. Behaviour cloning needs a large
+    one to learn the format fast; RL on the cloned policy a smaller one, so that a few noisy
+    groups do not undo what cloning taught."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     max_grad_norm: float = 1.0

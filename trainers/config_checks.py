@@ -24,6 +24,10 @@ def config_problems(config: TrainConfig) -> list[str]:
         problems.append("curriculum must be 'all' or 'fits-horizon'")
     if config.generator not in ("hf", "vllm", "ray"):
         problems.append("generator must be 'hf', 'vllm' or 'ray'")
+    if config.constrain_actions and config.generator == "vllm":
+        problems.append("constrain_actions needs generator 'hf' or 'ray' (the vllm generator decodes unconstrained)")
+    if config.rl_learning_rate is not None and config.rl_learning_rate <= 0:
+        problems.append("rl_learning_rate must be positive (or unset: learning_rate)")
     if config.loss_aggregation not in AGGREGATIONS:
         problems.append(f"loss_aggregation must be one of {', '.join(AGGREGATIONS)}")
     if config.advantage not in ADVANTAGE_ESTIMATORS:

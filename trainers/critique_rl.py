@@ -22,10 +22,11 @@ from agentgym.critique import CritiqueRecord, critic_messages, critique_metrics,
 from agentgym.envs.math.answers import parse_number
 from agentgym.envs.math.problems import Problem
 from agentgym.policies.base import Generation, GenerationRequest, Message, SamplingParams
+from agentgym.policies.chat import end_of_turn_id
 from agentgym.policies.hf import HFPolicy
 from agentgym.trainers.batch import collate
 from agentgym.trainers.collector import sampling
-from agentgym.trainers.recipes import end_of_turn_id, update_policy
+from agentgym.trainers.recipes import update_policy
 from agentgym.trainers.registry import ADVANTAGE_ESTIMATORS
 
 if TYPE_CHECKING:

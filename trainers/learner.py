@@ -45,6 +45,10 @@ class Learner:
         """The KL reference: a frozen snapshot of the trainable weights (:meth:`take_reference`)."""
         self.reference_path: Path | None = None
 
+    def set_learning_rate(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
     # ----- log-probs -------------------------------------------------------------------
 
     def logprobs(

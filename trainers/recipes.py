@@ -21,7 +21,7 @@ import torch
 
 from agentgym.agents.tokens import sampled_versions
 from agentgym.policies.base import Generation, GenerationRequest, SamplingParams
-from agentgym.policies.chat import END_OF_TURN_TOKENS
+from agentgym.policies.chat import end_of_turn_id, reply_ids
 from agentgym.rollout import EpisodeSpec, run_episodes
 from agentgym.trainers.algorithms import (
     agentevol_weights,
@@ -58,20 +58,12 @@ class TokenizedExpert:
     async def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Generation]:
         replies = []
         for request in requests:
-            ids = [
-                *self.tokenizer.encode(request.info["expert_action"], add_special_tokens=False),
-                self.end_id,
-            ]
+            ids = reply_ids(self.tokenizer, request.info["expert_action"], self.end_id)
             replies.append(Generation(request.info["expert_action"], ids, [0.0] * len(ids), "stop"))
         return replies
 
     async def close(self) -> None:
         return None
-
-
-def end_of_turn_id(tokenizer: Any) -> int:
-    ends = [t for t in END_OF_TURN_TOKENS if t in tokenizer.get_vocab()]
-    return tokenizer.convert_tokens_to_ids(ends[0]) if ends else tokenizer.eos_token_id
 
 
 def token_record(trajectory: Trajectory) -> dict[str, Any]:
@@ -248,7 +240,14 @@ class ClippedRL:
         return record | {"update_s": _since(start)}
 
     def demonstrations(self) -> list[dict[str, Any]]:
-        return [token_record(t) for t in self.expert_episodes()]
+        """Token records of the expert's episodes on the first ``bc_episodes`` train tasks."""
+        cloned = set(self.trainer.train_tasks[: self.trainer.config.bc_episodes])
+        records = [token_record(t) for t in self.expert_episodes() if t.task_id in cloned]
+        if not records:
+            raise RuntimeError(
+                f"the expert solved none of the first {len(cloned)} train tasks: nothing to clone"
+            )
+        return records
 
     def expert_turns(self) -> dict[str, int]:
         """Turns the expert took on each train task it solved; empty for an env without one."""
@@ -259,12 +258,16 @@ class ClippedRL:
             return {}
 
     def expert_episodes(self) -> list[Trajectory]:
-        """Expert episodes on train tasks, played once per run and kept in the run folder."""
+        """Expert episodes on train tasks, played once per run and kept in the run folder: on
+        the first ``bc_episodes`` (to clone), and with ``curriculum: fits-horizon`` on every
+        train task (RL draws from those the expert finishes within the horizon)."""
         if self.expert is None:
             trainer, config = self.trainer, self.trainer.config
             path = trainer.run_dir.path / "expert.jsonl"
             if trainer.dp.main and (not path.exists() or not read_trajectories(path)):
-                specs = [EpisodeSpec(t, split="train") for t in trainer.train_tasks[: config.bc_episodes]]
+                every = config.curriculum == "fits-horizon"
+                tasks = trainer.train_tasks if every else trainer.train_tasks[: config.bc_episodes]
+                specs = [EpisodeSpec(t, split="train") for t in tasks]
                 rollout = rollout_config(config, max_turns=None)
                 episodes = trainer.complete(
                     run_episodes(trainer.url, TokenizedExpert(trainer.tokenizer), specs, rollout)

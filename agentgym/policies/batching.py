@@ -82,6 +82,20 @@ class _Row:
     kv_version: int | None = None
     """The weights version of every forward that wrote this row's cache, or -1 if they
     differed (then the cache is not reusable)."""
+    choices: list[list[int]] | None = None
+    """Constrained rows: the token sequences the reply may still become (each ends with a
+    stop id); None: any reply."""
+
+    def allowed_next(self) -> list[int] | None:
+        """Constrained rows: the tokens that keep the reply on one of its choices."""
+        if self.choices is None:
+            return None
+        return sorted({choice[len(self.token_ids)] for choice in self.choices})
+
+    def keep_choices_after(self, token: int) -> None:
+        if self.choices is not None:
+            position = len(self.token_ids) - 1
+            self.choices = [c for c in self.choices if c[position] == token]
 
     @property
     def last_position(self) -> int:
@@ -152,16 +166,23 @@ class ContinuousBatcher:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def submit(self, prompt_ids: list[int], sampling: SamplingParams) -> Future:
-        """Queue one request; the future resolves to its :class:`Generation`."""
+    def submit(
+        self, prompt_ids: list[int], sampling: SamplingParams, choices: Sequence[Sequence[int]] | None = None
+    ) -> Future:
+        """Queue one request; the future resolves to its :class:`Generation`. ``choices``:
+        the reply must be one of these token sequences, each ending with a stop id
+        (constrained decoding); None or empty: any reply."""
         if not prompt_ids:
             raise ValueError("prompt_ids is empty")
         if sampling.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
+        if choices and any(not choice or choice[-1] not in self.stop_ids for choice in choices):
+            raise ValueError("every choice must be a non-empty token sequence ending with a stop id")
         generator = None
         if sampling.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
         row = _Row(list(prompt_ids), sampling, Future(), generator)
+        row.choices = [list(choice) for choice in choices] if choices else None
         # Under the lock, so a request never slips in after close() drained the queue.
         with self._state_lock:
             if self._closed:
@@ -329,10 +350,14 @@ class ContinuousBatcher:
         self.stats.max_rows = max(self.stats.max_rows, len(rows))
         temperature = torch.tensor([row.sampling.temperature for row in rows], device=self.device)
         top_p = torch.tensor([row.sampling.top_p for row in rows], device=self.device)
-        tokens, logprobs = sample_next(live.logits, temperature, top_p, [row.generator for row in rows])
+        generators = [row.generator for row in rows]
+        tokens, logprobs = sample_next(
+            live.logits, temperature, top_p, generators, _allowed(rows, live.logits)
+        )
         keep = []
         for i, (row, token, logprob) in enumerate(zip(rows, tokens.tolist(), logprobs.tolist(), strict=True)):
             row.token_ids.append(token)
+            row.keep_choices_after(token)
             row.logprobs.append(logprob)
             row.versions.append(row.logits_version)
             reason = self._finish_reason(row)
@@ -403,6 +428,19 @@ class ContinuousBatcher:
                 return
             if row is not None and row.future.set_running_or_notify_cancel():
                 _fail(row, closed)
+
+
+def _allowed(rows: list[_Row], logits: torch.Tensor) -> torch.Tensor | None:
+    """``[B, V]`` the tokens each row may draw next; None when no row is constrained."""
+    nexts = [row.allowed_next() for row in rows]
+    if all(tokens is None for tokens in nexts):
+        return None
+    allowed = torch.ones(logits.shape, dtype=torch.bool, device=logits.device)
+    for i, tokens in enumerate(nexts):
+        if tokens is not None:
+            allowed[i] = False
+            allowed[i, tokens] = True
+    return allowed
 
 
 def _started(rows: list[_Row]) -> list[_Row]:

@@ -30,3 +30,15 @@ def stop_token_ids(tokenizer: Any, generation_config: Any = None) -> set[int]:
     if not ids:
         raise ValueError("the tokenizer defines no eos token; cannot tell where a reply ends")
     return ids
+
+
+def end_of_turn_id(tokenizer: Any) -> int:
+    """The token that closes an assistant turn in the chat template (its eos if none)."""
+    ends = [t for t in END_OF_TURN_TOKENS if t in tokenizer.get_vocab()]
+    return tokenizer.convert_tokens_to_ids(ends[0]) if ends else tokenizer.eos_token_id
+
+
+def reply_ids(tokenizer: Any, text: str, end_id: int) -> list[int]:
+    """``text`` tokenized as a whole assistant reply: its tokens, then ``end_id`` (the
+    :func:`end_of_turn_id`, looked up once: the lookup reads the whole vocabulary)."""
+    return [*tokenizer.encode(text, add_special_tokens=False), end_id]

@@ -18,7 +18,7 @@ import torch
 
 from agentgym.policies.base import Generation, GenerationRequest, Message, SamplingParams
 from agentgym.policies.batching import BatcherStats, ContinuousBatcher
-from agentgym.policies.chat import chat_prompt_ids, stop_token_ids
+from agentgym.policies.chat import chat_prompt_ids, end_of_turn_id, reply_ids, stop_token_ids
 from agentgym.policies.models import DEFAULT_MODEL, ModelSource, load_causal_lm
 from agentgym.policies.sampling import token_logprobs
 
@@ -56,6 +56,7 @@ class HFPolicy:
         self.source: ModelSource = loaded.source
         """Where the weights came from (``source.describe()`` hashes them for results files)."""
         self.stop_ids = stop_token_ids(self.tokenizer, self.model.generation_config)
+        self.end_id = end_of_turn_id(self.tokenizer)
         self.context_window: int | None = getattr(self.model.config, "max_position_embeddings", None)
         """Tokens the model attends to at most; rollouts end an episode before passing it."""
         self._batcher = ContinuousBatcher(
@@ -104,8 +105,16 @@ class HFPolicy:
     async def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Generation]:
         """Answer every request (same order). Each request joins the live batch on its own,
         so concurrent calls share forwards and a short reply returns as soon as it ends."""
-        futures = [self._batcher.submit(self._checked_prompt(request), sampling) for request in requests]
+        futures = [
+            self._batcher.submit(self._checked_prompt(request), sampling, self._choices(request))
+            for request in requests
+        ]
         return list(await asyncio.gather(*(asyncio.wrap_future(future) for future in futures)))
+
+    def _choices(self, request: GenerationRequest) -> list[list[int]] | None:
+        """``info["reply_choices"]`` (the only replies allowed, as text) as token sequences."""
+        choices = request.info.get("reply_choices")
+        return [reply_ids(self.tokenizer, text, self.end_id) for text in choices] if choices else None
 
     def _checked_prompt(self, request: GenerationRequest) -> list[int]:
         ids = request.prompt_ids if request.prompt_ids is not None else self.prompt_ids(request.messages)

@@ -15,6 +15,7 @@ def sample_next(
     temperature: torch.Tensor,
     top_p: torch.Tensor,
     generators: list[torch.Generator | None],
+    allowed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row.
 
@@ -23,6 +24,11 @@ def sample_next(
         temperature: ``[B]``; ``0`` means greedy (argmax).
         top_p: ``[B]`` nucleus mass; ``1`` keeps the whole distribution.
         generators: one per row; ``None`` uses torch's global generator.
+        allowed: ``[B, V]`` bool, or None (every token): the tokens a row may draw. The
+            draw is from the model's distribution renormalised over them (greedy: the
+            likeliest of them); the log-prob recorded is still the model's own, which is
+            what a learner recomputes from the same logits, so the importance ratio of an
+            on-policy token stays 1.
 
     Returns:
         ``(tokens [B] long, logprobs [B] float32)``.
@@ -31,8 +37,12 @@ def sample_next(
     greedy = temperature <= 0
     scale = torch.where(greedy, torch.ones_like(temperature), temperature).to(logits)
     logp = torch.log_softmax(logits / scale[:, None], dim=-1)
-    drawn = _draw(nucleus(logp.exp(), top_p.to(logits)), generators)
-    tokens = torch.where(greedy.to(logits.device), logits.argmax(dim=-1), drawn)
+    choice, best_of = logp, logits
+    if allowed is not None:
+        choice = torch.log_softmax(logp.masked_fill(~allowed, float("-inf")), dim=-1)
+        best_of = logits.masked_fill(~allowed, float("-inf"))
+    drawn = _draw(nucleus(choice.exp(), top_p.to(logits)), generators)
+    tokens = torch.where(greedy.to(logits.device), best_of.argmax(dim=-1), drawn)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
