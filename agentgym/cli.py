@@ -443,6 +443,21 @@ HistoryOpt = Annotated[
 ]
 
 
+ShowActionsOpt = Annotated[
+    bool,
+    typer.Option(
+        help="Append the env's valid commands to every observation (as `agentgym train` shows them)."
+    ),
+]
+ConstrainActionsOpt = Annotated[
+    bool,
+    typer.Option(
+        help="hf policy: reply only with one of the env's valid commands (constrained decoding, "
+        "as `agentgym train` plays by default); implies --show-actions."
+    ),
+]
+
+
 def _require_policy(kind: str) -> None:
     from agentgym.policies import POLICY_KINDS
 
@@ -457,6 +472,8 @@ def _rollout_config(
     temperature: float,
     max_new_tokens: int,
     history_turns: int | None,
+    show_actions: bool = False,
+    constrain_actions: bool = False,
 ) -> RolloutConfig:
     from agentgym.agents import FORMATS
     from agentgym.policies.base import SamplingParams
@@ -470,6 +487,8 @@ def _rollout_config(
         sampling=SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens),
         format=agent_format,
         history_turns=history_turns,
+        show_actions=show_actions or constrain_actions,
+        constrain_actions=constrain_actions,
     )
 
 
@@ -645,6 +664,8 @@ def evaluate_policy(
         str, typer.Option("--format", help="Reply format: react, json or plain.")
     ] = "react",
     history_turns: HistoryOpt = None,
+    show_actions: ShowActionsOpt = False,
+    constrain_actions: ConstrainActionsOpt = False,
     out: Annotated[
         Path | None,
         typer.Option(help="Results folder; re-running with the same one resumes (default: a new one)."),
@@ -683,10 +704,19 @@ def evaluate_policy(
 
     require_env(env, url)
     _require_policy(policy)
+    if constrain_actions and policy != "hf":
+        raise fail("--constrain-actions needs --policy hf (the others decode unconstrained)", EXIT_USAGE)
     temperature = temperature if temperature is not None else (0.0 if k == 1 else 1.0)
     out = out or Path("runs/eval") / f"{env}-{split}-{policy}-{time.strftime('%Y%m%d-%H%M%S')}"
     rollout = _rollout_config(
-        agent_format, max_turns, concurrency, temperature, max_new_tokens, history_turns
+        agent_format,
+        max_turns,
+        concurrency,
+        temperature,
+        max_new_tokens,
+        history_turns,
+        show_actions,
+        constrain_actions,
     )
     choice = PolicyChoice(policy, model, base_url, api_key, concurrency, tool_calls)
     if critic is not None:

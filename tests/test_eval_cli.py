@@ -47,6 +47,10 @@ def run_eval(*args: str) -> tuple[str, dict]:
             ["--env", "textworld", "--policy", "openai", "--url", "http://127.0.0.1:9"],
             "no AgentGym env server",
         ),
+        (
+            ["--env", "textworld", "--policy", "expert", "--constrain-actions"],
+            "--constrain-actions needs --policy hf",
+        ),
     ],
 )
 def test_bad_arguments_exit_2(args: list[str], message: str, tmp_path: Path) -> None:
@@ -96,6 +100,27 @@ def test_a_tiny_eval_of_the_default_model_prints_the_table(textworld_url: str, t
     assert "generated_tokens_per_s" in output and "smollm2-135m" in output
     for trajectory in read_trajectories(tmp_path / "trajectories.jsonl"):
         assert len(trajectory.token_ids) == len(trajectory.loss_mask) == len(trajectory.logprobs)
+
+
+def test_eval_can_play_as_training_does_constrained_to_valid_commands(
+    textworld_url: str, tmp_path: Path
+) -> None:
+    args = [
+        "--n",
+        "2",
+        "--max-turns",
+        "2",
+        "--max-new-tokens",
+        "24",
+        "--url",
+        textworld_url,
+        "--out",
+        str(tmp_path),
+    ]
+    _, results = run_eval(*args, "--constrain-actions")
+    assert results["episodes"] == 2 and results["errored"] == 0
+    for trajectory in read_trajectories(tmp_path / "trajectories.jsonl"):
+        assert trajectory.invalid_turns == 0 and "Valid commands: " in trajectory.messages[1]["content"]
 
 
 def test_resume_runs_only_what_is_missing(textworld_url: str, tmp_path: Path) -> None:

@@ -35,6 +35,9 @@ TINY = {
     "micro_batch_size": 2,
     "max_new_tokens": 4,
     "agent_format": "plain",
+    # Unconstrained: the untrained model's replies then never name an option, so every
+    # reward is 0 (what the DAPO refill and AgentEvol checks below rely on).
+    "constrain_actions": False,
     "eval_every": 0,
     "eval_tasks": 2,
     "evol_iterations": 1,

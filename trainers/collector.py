@@ -223,7 +223,10 @@ def rollout_config(config: Any, max_turns: int | None, how: SamplingParams | Non
         concurrency=config.concurrency,
         format=config.agent_format,
         show_actions=config.show_actions,
-        constrain_actions=config.constrain_actions,
+        # Unset: on wherever the generator can constrain (the hf batcher; not vllm's engine).
+        constrain_actions=config.generator != "vllm"
+        if config.constrain_actions is None
+        else config.constrain_actions,
         max_context_tokens=config.max_context_tokens,
     )
 

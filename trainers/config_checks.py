@@ -25,7 +25,9 @@ def config_problems(config: TrainConfig) -> list[str]:
     if config.generator not in ("hf", "vllm", "ray"):
         problems.append("generator must be 'hf', 'vllm' or 'ray'")
     if config.constrain_actions and config.generator == "vllm":
-        problems.append("constrain_actions needs generator 'hf' or 'ray' (the vllm generator decodes unconstrained)")
+        problems.append(
+            "constrain_actions needs generator 'hf' or 'ray' (the vllm generator decodes unconstrained)"
+        )
     if config.rl_learning_rate is not None and config.rl_learning_rate <= 0:
         problems.append("rl_learning_rate must be positive (or unset: learning_rate)")
     if config.loss_aggregation not in AGGREGATIONS:
@@ -46,8 +48,9 @@ def config_problems(config: TrainConfig) -> list[str]:
         problems.append("clip needs 0 < eps_low < 1 and eps_high > 0")
     if config.dual_clip and config.dual_clip <= 1:
         problems.append("dual_clip must be above 1 (or 0: off)")
+    if config.steps < (0 if config.bc_steps else 1):  # steps 0: a cloning-only run
+        problems.append("steps must be at least 1 (or 0 with bc_steps: behaviour cloning only)")
     for name in (
-        "steps",
         "tasks_per_step",
         "group_size",
         "minibatch_size",

@@ -118,7 +118,6 @@ class Trainer:
                 if step <= self.config.bc_steps:
                     record = behaviour_cloning(self, step)
                 else:
-                    self.learner.set_learning_rate(self.config.rl_learning_rate or self.config.learning_rate)
                     record = self.recipe.step(step)
                 self._set_version(step)
                 record.update(step_s=round(time.perf_counter() - started, 2), cpu_idle_share=_idle_share(cpu))

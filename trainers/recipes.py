@@ -217,6 +217,7 @@ class ClippedRL:
         """Take this step's episodes (sync: play them now; async: those played during the
         last update), start playing the next step's (async), then update."""
         trainer, config = self.trainer, self.trainer.config
+        trainer.learner.set_learning_rate(config.rl_learning_rate or config.learning_rate)
         if config.kl_coef:
             trainer.learner.take_reference(trainer.run_dir.path / "reference.pt")
         if config.curriculum == "fits-horizon" and config.bc_steps and trainer.collector.expert_turns is None:
