@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml | system-deps
 	touch $(STAMP)
 
 # The main job on the embedded default: local textworld server + SmolLM2-135M, behaviour
-# cloning then BAPO under the ScalingInter-RL schedule; a few minutes on 2 CPU cores.
+# cloning then BAPO under the ScalingInter-RL schedule; about 7 minutes on 2 CPU cores.
 demo: setup
 	$(BIN)/agentgym train --algo bapo --schedule scaling-inter
 
