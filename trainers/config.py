@@ -175,9 +175,10 @@ class TrainConfig:
     learning_rate: float = 1e-3
     """AdamW learning rate (LoRA on SmolLM2: 1e-4 left the 25-step warm start narrating; 1e-3 learned the format)."""
     rl_learning_rate: float | None = 5e-4
-    """Learning rate of the clipped-RL steps (not AgentEvol's or Critique-RL's); None: ``learning_rate``. Behaviour cloning needs a large
-    one to learn the format fast; RL on the cloned policy a smaller one, so that a few noisy
-    groups do not undo what cloning taught."""
+    """Learning rate of the clipped-RL steps (not AgentEvol's or Critique-RL's); None:
+    ``learning_rate``. Behaviour cloning needs a large one to learn the format fast; RL on
+    the cloned policy a smaller one, so that a few noisy groups do not undo what cloning
+    taught."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     max_grad_norm: float = 1.0

@@ -22,7 +22,7 @@ from agentgym.critique import CritiqueRecord, critic_messages, critique_metrics,
 from agentgym.envs.math.answers import parse_number
 from agentgym.envs.math.problems import Problem
 from agentgym.policies.base import Generation, GenerationRequest, Message, SamplingParams
-from agentgym.policies.chat import end_of_turn_id
+from agentgym.policies.chat import end_of_turn_id, reply_ids
 from agentgym.policies.hf import HFPolicy
 from agentgym.trainers.batch import collate
 from agentgym.trainers.collector import sampling
@@ -94,7 +94,7 @@ def demonstrations(
     for i, problem in enumerate(problems):
         messages, critique = synthetic_critique(problem, wrong=i % 2 == 1, rng=rng)
         prompt = policy.prompt_ids(messages)
-        reply = [*policy.tokenizer.encode(critique, add_special_tokens=False), end_id]
+        reply = reply_ids(policy.tokenizer, critique, end_id)
         records.append(
             {
                 "token_ids": [*prompt, *reply],
