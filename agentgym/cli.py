@@ -89,7 +89,7 @@ def run_uvicorn(application: Any, sock: socket.socket, host: str, port: int, log
     """Serve ``application`` on the already bound ``sock`` (``host``/``port`` only label the log)."""
     import uvicorn
 
-    from agentgym.servers.launcher import HTTP_PARSER, KEEP_ALIVE_S
+    from agentgym.servers.launcher import HTTP_PROTOCOL, KEEP_ALIVE_S
 
     config = uvicorn.Config(
         application,
@@ -97,7 +97,7 @@ def run_uvicorn(application: Any, sock: socket.socket, host: str, port: int, log
         port=port,
         log_level=log_level,
         timeout_keep_alive=KEEP_ALIVE_S,
-        http=HTTP_PARSER,
+        http=HTTP_PROTOCOL,
     )
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it handled; exit 0
         uvicorn.Server(config).run(sockets=[sock])

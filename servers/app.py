@@ -33,9 +33,15 @@ from agentgym.errors import (
 from agentgym.servers.compat import compat_router
 from agentgym.servers.episodes import play_step, reset_kwargs
 from agentgym.servers.metrics import CONTENT_TYPE, ServerMetrics
-from agentgym.servers.middleware import BearerTokenMiddleware, BodySizeLimitMiddleware
+from agentgym.servers.middleware import (
+    BearerTokenMiddleware,
+    BodySizeLimitMiddleware,
+    error_response,
+    unexpected_error_response,
+)
 from agentgym.servers.openenv import openenv_routers
 from agentgym.servers.sessions import EngineHost, SessionManager, ThreadEngines
+from agentgym.servers.step_lane import Step, StepLane
 from agentgym.servers.workers import WorkerEngines, default_workers
 from agentgym.wire import (
     CreateSessionRequest,
@@ -146,11 +152,15 @@ def create_app(config: ServerConfig) -> FastAPI:
     )
     app.state.sessions, app.state.catalog, app.state.metrics = sessions, catalog, metrics
     install_error_handlers(app)
+    step = step_function(catalog, sessions, metrics)
+    v1 = _v1_router(config, catalog, sessions, metrics, step)
+    step_route = next(route for route in v1.routes if getattr(route, "path", None) == STEP_ROUTE)
+    app.add_middleware(StepLane, step=step, route=step_route, result_type=StepResult)  # innermost
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_body_bytes)
     if config.token:
         app.add_middleware(BearerTokenMiddleware, token=config.token)
-    app.include_router(_v1_router(config, catalog, sessions, metrics))
+    app.include_router(v1)
     app.include_router(compat_router(catalog, sessions))
     for router in openenv_routers(catalog, sessions, metrics, config.max_body_bytes):
         app.include_router(router)
@@ -160,7 +170,23 @@ def create_app(config: ServerConfig) -> FastAPI:
     return app
 
 
-def _v1_router(config: ServerConfig, catalog: TextEnv, sessions: SessionManager, metrics: ServerMetrics):
+STEP_ROUTE = "/sessions/{session_id}/step"
+
+
+def step_function(catalog: TextEnv, sessions: SessionManager, metrics: ServerMetrics) -> Step:
+    """The step route's work, shared with :class:`StepLane`: the action checked before the
+    engine thread (400, session intact), then played."""
+
+    async def step(session_id: str, action: object) -> dict[str, Any]:
+        checked = catalog.validate_action(action)
+        return await play_step(sessions, metrics, sessions.get(session_id), checked)
+
+    return step
+
+
+def _v1_router(
+    config: ServerConfig, catalog: TextEnv, sessions: SessionManager, metrics: ServerMetrics, step: Step
+):
     from fastapi import APIRouter
 
     router = APIRouter(tags=["v1"])
@@ -220,11 +246,10 @@ def _v1_router(config: ServerConfig, catalog: TextEnv, sessions: SessionManager,
         observation, info = await sessions.call(session, "reset", deadline=sessions.reset_deadline, **kwargs)
         return {"observation": observation, "info": info}
 
-    @router.post("/sessions/{session_id}/step", response_model=StepResult)
+    @router.post(STEP_ROUTE, response_model=StepResult)
     async def step_session(session_id: str, body: StepRequest) -> dict[str, Any]:
         """Play one action. 409 once the episode terminated or was truncated."""
-        action = catalog.validate_action(body.action)  # before the engine thread: 400, session intact
-        return await play_step(sessions, metrics, sessions.get(session_id), action)
+        return await step(session_id, body.action)
 
     @router.get("/sessions/{session_id}", response_model=SessionState)
     async def get_session(session_id: str) -> dict[str, Any]:
@@ -246,10 +271,6 @@ def _v1_router(config: ServerConfig, catalog: TextEnv, sessions: SessionManager,
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    def error_response(exc: AgentGymError) -> JSONResponse:
-        headers = {"Retry-After": str(max(1, round(exc.retry_after)))} if exc.retry_after else None
-        return JSONResponse(exc.to_body(), status_code=exc.status, headers=headers)
-
     @app.exception_handler(AgentGymError)
     async def on_agentgym_error(_: Request, exc: AgentGymError) -> JSONResponse:
         return error_response(exc)
@@ -271,8 +292,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error")
-        return JSONResponse({"error": {"code": "internal_error", "message": str(exc)}}, status_code=500)
+        return unexpected_error_response(exc)
 
 
 def _documented_http_error(exc: StarletteHTTPException) -> AgentGymError | None:

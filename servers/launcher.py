@@ -22,11 +22,11 @@ import uvicorn
 from fastapi import FastAPI
 
 from agentgym.servers.app import ServerConfig, create_app
+from agentgym.servers.http_protocol import http_protocol
 
-HTTP_PARSER = "h11"
-"""uvicorn's HTTP parser for every server here, chosen rather than whichever is installed:
-httptools refuses methods it does not know (``FROB``) with a bare 400 before the app sees
-them, where the wire API answers 405 ``method_not_allowed`` (h11 hands them to the app)."""
+HTTP_PROTOCOL = http_protocol()
+"""uvicorn's ``http`` setting for every server here: httptools, with h11 for requests whose
+method llhttp refuses (:mod:`agentgym.servers.http_protocol`)."""
 
 KEEP_ALIVE_S = 65
 """Server-side idle keep-alive. Clients (httpx: 5 s, aiohttp: 15 s) must drop idle connections first;
@@ -118,7 +118,7 @@ def serve_in_thread(
     app = create_app(app_or_config) if isinstance(app_or_config, ServerConfig) else app_or_config
     port = port or free_port(host)
     config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", timeout_keep_alive=KEEP_ALIVE_S, http=HTTP_PARSER
+        app, host=host, port=port, log_level="warning", timeout_keep_alive=KEEP_ALIVE_S, http=HTTP_PROTOCOL
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"agentgym-server-{port}", daemon=True)

@@ -10,11 +10,27 @@ import base64
 import contextlib
 import hmac
 import json
+import logging
 from urllib.parse import parse_qs
 
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentgym.errors import AgentGymError, PayloadTooLarge, Unauthorized
+
+log = logging.getLogger(__name__)
+
+
+def error_response(exc: AgentGymError) -> JSONResponse:
+    """The documented error body, with Retry-After where the error has one."""
+    headers = {"Retry-After": str(max(1, round(exc.retry_after)))} if exc.retry_after else None
+    return JSONResponse(exc.to_body(), status_code=exc.status, headers=headers)
+
+
+def unexpected_error_response(exc: Exception) -> JSONResponse:
+    """A bug's answer (500), logged with its traceback."""
+    log.exception("unhandled error", exc_info=exc)
+    return JSONResponse({"error": {"code": "internal_error", "message": str(exc)}}, status_code=500)
 
 
 async def send_error(send: Send, exc: AgentGymError) -> None:

@@ -9,7 +9,11 @@ Z-machine segfault must show up as a dead server and a failed assertion, not kil
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
+import time
 from collections.abc import Iterator
+from typing import BinaryIO
 
 import httpx
 import pytest
@@ -180,6 +184,33 @@ def test_made_up_methods_are_405_and_add_no_metric_labels(choice_url: str) -> No
         metrics = http.get("/metrics").text
         assert 'method="FROB"' not in metrics and 'method="XYZZY1"' not in metrics
         assert 'method="other"' in metrics and 'method="PUT"' in metrics
+
+
+def test_a_made_up_method_split_across_packets_on_a_kept_alive_connection_is_405(choice_url: str) -> None:
+    """The fast parser refuses FROB mid-token: the request, from its first byte (sent in an
+    earlier packet), must reach the app, and the connection must keep serving."""
+    host, port = choice_url.removeprefix("http://").split(":")
+    health = f"GET /health HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+    with socket.create_connection((host, int(port)), timeout=HANG_TIMEOUT_S) as sock:
+        reader = sock.makefile("rb")
+        sock.sendall(health)
+        assert read_response(reader)[0] == 200
+        sock.sendall(b"FR")
+        time.sleep(0.2)  # a separate packet, parsed on its own
+        sock.sendall(f"OB /health HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        status, body = read_response(reader)
+        assert status == 405 and json.loads(body)["error"]["code"] == "method_not_allowed", body
+        sock.sendall(health)
+        assert read_response(reader)[0] == 200
+
+
+def read_response(reader: BinaryIO) -> tuple[int, bytes]:
+    """Status and body of one HTTP/1.1 response with a content-length."""
+    status = int(reader.readline().split()[1])
+    headers = dict(
+        line.decode().lower().rstrip("\r\n").split(": ", 1) for line in iter(reader.readline, b"\r\n")
+    )
+    return status, reader.read(int(headers["content-length"]))
 
 
 def test_concurrent_deletes_of_one_session_answer_one_204(choice_url: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 
@@ -264,6 +265,36 @@ def test_metrics_are_prometheus_text(textworld_url: str) -> None:
     assert "agentgym_http_requests" in families and "agentgym_sessions_active" in families
     created_total = next(iter(families["agentgym_sessions_created"].samples)).value
     assert created_total >= 1
+
+
+LANE = {"content-type": "application/json"}
+ROUTE = {"content-type": "application/merge-patch+json"}  # JSON to FastAPI, not to the step lane
+
+
+def test_the_step_lane_answers_exactly_as_the_route(textworld_url: str) -> None:
+    """Plain ``{"action": ...}`` steps take servers/step_lane.py; any other JSON body the
+    FastAPI route. Two sessions of one game stepped each way must answer byte for byte
+    alike, errors included, and be counted under the same route label."""
+
+    def step(http: httpx.Client, sid: str, action: object, headers: dict) -> tuple[int, bytes]:
+        response = http.post(f"/sessions/{sid}/step", content=json.dumps({"action": action}), headers=headers)
+        return response.status_code, response.content
+
+    with httpx.Client(base_url=textworld_url, timeout=60) as http:
+        lane, route = (http.post("/sessions", json={"split": "test", "index": 1}).json() for _ in range(2))
+        actions = ["look", "inventory", "", "look\u0000", lane["info"]["expert_action"]]
+        for action in actions:
+            answers = [step(http, s["session_id"], action, h) for s, h in ((lane, LANE), (route, ROUTE))]
+            assert answers[0] == answers[1], action
+        statuses = [step(http, "no-such-session", "look", h)[0] for h in (LANE, ROUTE)]
+        assert statuses == [404, 404]
+        for created in (lane, route):
+            http.delete(f"/sessions/{created['session_id']}")
+        metrics = http.get("/metrics").text
+    step_200 = 'route="/sessions/{session_id}/step",status="200"'
+    assert any(
+        step_200 in line and line.startswith("agentgym_http_requests_total") for line in metrics.splitlines()
+    )
 
 
 def test_agentgym_compatible_routes(textworld_url: str) -> None:
