@@ -5,8 +5,8 @@ sessions, over HTTP against the same engine pool driven without HTTP; then serve
     python bench/server.py [--env textworld] [--seconds 20] [--episodes 1000] [--json out.json]
 
 The server runs as a separate process (`agentgym serve`), as in production; the load
-generator is this process (one asyncio loop, the async client), and its CPU use is
-reported. "In-process" is the same engine pool the server uses (its engine worker
+generator is this process (one event loop on uvloop, as the servers run, and the async
+client), and its CPU use is reported. "In-process" is the same engine pool the server uses (its engine worker
 processes for textworld, built the same way by ``engine_host``) driven by the same number
 of concurrent callers through the session manager, without HTTP. Throughput and latency
 measure steps alone: each session starts one test task with an unbounded turn limit and
@@ -29,6 +29,7 @@ import time
 from dataclasses import asdict, dataclass
 
 import psutil
+import uvloop
 
 from agentgym import registry
 from agentgym.client import AsyncEnvClient
@@ -206,13 +207,13 @@ def main() -> None:
     )
     try:
         wait_healthy(server.url, 300, server.process)
-        task_ids = asyncio.run(_test_task_ids(server.url))
+        task_ids = uvloop.run(_test_task_ids(server.url))
         prepare(args.env)
         rows = []
         for sessions in args.sessions:
-            local = asyncio.run(in_process(args.env, task_ids, sessions, args.seconds))
+            local = uvloop.run(in_process(args.env, task_ids, sessions, args.seconds))
             cpu = cpu_seconds()
-            remote = asyncio.run(over_http(server.url, task_ids, sessions, args.seconds))
+            remote = uvloop.run(over_http(server.url, task_ids, sessions, args.seconds))
             client_cpu = (cpu_seconds() - cpu) / remote.seconds
             rows.append((local, remote))
             print(
@@ -223,7 +224,7 @@ def main() -> None:
                 flush=True,
             )
         memory = (
-            asyncio.run(episodes_rss(server.url, server.process.pid, task_ids, args.episodes))
+            uvloop.run(episodes_rss(server.url, server.process.pid, task_ids, args.episodes))
             if args.episodes
             else None
         )

@@ -226,7 +226,8 @@ class TrainConfig:
     bc_episodes: int = 32
     """Expert episodes collected from the train split for behaviour cloning."""
     bc_max_tokens: int = 1024
-    """Demonstrations longer than this are left out (a CPU pays per token; short ones teach the format)."""
+    """Demonstrations longer than this are not cloned (a CPU pays per token; short ones teach
+    the format); with ``curriculum: fits-horizon`` RL still draws their tasks."""
     evol_iterations: int = 2
     """AgentEvol: explore + learn iterations after behaviour cloning."""
     evol_reward_threshold: float | None = None

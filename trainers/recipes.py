@@ -243,7 +243,7 @@ class ClippedRL:
     def demonstrations(self) -> list[dict[str, Any]]:
         """Token records of the expert's episodes on the first ``bc_episodes`` train tasks."""
         cloned = set(self.trainer.train_tasks[: self.trainer.config.bc_episodes])
-        records = [token_record(t) for t in self.expert_episodes() if t.task_id in cloned]
+        records = [token_record(t) for t in self.cloneable() if t.task_id in cloned]
         if not records:
             raise RuntimeError(
                 f"the expert solved none of the first {len(cloned)} train tasks: nothing to clone"
@@ -258,10 +258,16 @@ class ClippedRL:
             log.warning("curriculum fits-horizon: no expert episodes (%s); RL draws every task", exc)
             return {}
 
+    def cloneable(self) -> list[Trajectory]:
+        """The expert episodes short enough to clone (``bc_max_tokens``)."""
+        limit = self.trainer.config.bc_max_tokens
+        return [e for e in self.expert_episodes() if len(e.token_ids) <= limit]
+
     def expert_episodes(self) -> list[Trajectory]:
-        """Expert episodes on train tasks, played once per run and kept in the run folder: on
-        the first ``bc_episodes`` (to clone), and with ``curriculum: fits-horizon`` on every
-        train task (RL draws from those the expert finishes within the horizon)."""
+        """The expert's won episodes on train tasks, played once per run and kept in the run
+        folder: on the first ``bc_episodes`` (to clone), and with ``curriculum:
+        fits-horizon`` on every train task (RL draws from those the expert finishes within
+        the horizon, however long their text)."""
         if self.expert is None:
             trainer, config = self.trainer, self.trainer.config
             path = trainer.run_dir.path / "expert.jsonl"
@@ -275,7 +281,7 @@ class ClippedRL:
                 )
                 with TrajectoryWriter(path) as writer:
                     for e in episodes:
-                        if e.success and e.token_ids and len(e.token_ids) <= config.bc_max_tokens:
+                        if e.success and e.token_ids:
                             writer.write(e)
             trainer.dp.barrier()  # the other ranks read what rank 0 wrote
             self.expert = read_trajectories(path)
@@ -324,11 +330,10 @@ class AgentEvol(ClippedRL):
         record["rollout_s"] = _since(start)
         trainer.learner.reset_to_initial()
         rewards = torch.tensor([e.score for e in explored])
-        weights = [1.0] * len(self.expert_episodes()) + agentevol_weights(
-            rewards, config.evol_reward_threshold
-        ).tolist()
+        expert = self.cloneable()
+        weights = [1.0] * len(expert) + agentevol_weights(rewards, config.evol_reward_threshold).tolist()
         # Zero-weight episodes teach nothing and would only dilute the token mean.
-        data = [(e, w) for e, w in zip([*self.expert_episodes(), *explored], weights, strict=True) if w > 0]
+        data = [(e, w) for e, w in zip([*expert, *explored], weights, strict=True) if w > 0]
         rng = random.Random(config.seed * 104729 + len(explored))
         losses = []
         for _ in range(max(1, config.bc_steps)):
