@@ -19,6 +19,11 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from agentgym.servers.app import ServerConfig
 from agentgym.servers.launcher import serve_in_thread
 
+# Started in the background of a non-interactive shell (`make test &`), pytest inherits
+# SIGINT ignored, and so would every CLI the tests stop with Ctrl-C. A handler of our own
+# is reset to the default in each child, so the children get Python's Ctrl-C back.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def agentgym_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
