@@ -118,16 +118,7 @@ class BodySizeLimitMiddleware:
         if first is None:
             await send_error(send, too_large)
             return
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if replayed:
-                return await receive()  # only http.disconnect comes after the body
-            replayed = True
-            return first
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replay(first, receive), send)
 
     async def _read_body(self, receive: Receive) -> Message | None:
         """The whole body as one ``http.request`` message (or the disconnect that came
@@ -144,3 +135,14 @@ class BodySizeLimitMiddleware:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+
+def replay(first: Message, receive: Receive) -> Receive:
+    """``receive`` that gives back ``first`` (a body already read) once, then passes on to
+    ``receive`` (only http.disconnect comes after a whole body)."""
+    pending = [first]
+
+    async def again() -> Message:
+        return pending.pop() if pending else await receive()
+
+    return again

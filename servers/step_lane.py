@@ -22,7 +22,7 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentgym.errors import AgentGymError
-from agentgym.servers.middleware import error_response, unexpected_error_response
+from agentgym.servers.middleware import error_response, replay, unexpected_error_response
 
 STEP_PATH = re.compile(r"/sessions/([^/]+)/step")
 JSON_TYPES = frozenset({b"application/json", b"application/json; charset=utf-8"})
@@ -77,13 +77,3 @@ def plain_action(message: Message) -> object | None:
     if type(body) is dict and len(body) == 1 and type(body.get("action")) is str:
         return body["action"]
     return None
-
-
-def replay(first: Message, receive: Receive) -> Receive:
-    """``receive`` with ``first`` given back once, for the app behind."""
-    pending = [first]
-
-    async def again() -> Message:
-        return pending.pop() if pending else await receive()
-
-    return again
