@@ -8,7 +8,9 @@ instance, and nothing caps the number of JVMs. Here a :class:`JvmPool` owns them
   cores a parallel collector's threads only compete with the other JVMs);
 * ``spare`` idle JVMs are started ahead, so a reset takes a warm one instead of paying a
   JVM start (1-2 s alone, tens of seconds when many start at once on two cores); starts
-  run at most ``start_concurrency`` at a time for the same reason;
+  run at most ``start_concurrency`` at a time for the same reason, and a start that
+  replaces a taken spare waits for a quiet moment (``top_up_quiet_s``) so that it does
+  not compete with the resets of a burst of sessions;
 * at most ``max_live`` JVMs exist (busy + idle + starting); one more acquire raises
   :class:`~agentgym.errors.AtCapacity` (HTTP 429);
 * a released JVM goes back to the idle list unless it died, hit ``recycle_after``
@@ -30,6 +32,7 @@ import logging
 import os
 import subprocess
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +88,10 @@ class JvmSettings:
     """Episodes after which a JVM is replaced (bounds any leak inside the engine)."""
     start_concurrency: int = 2
     """JVMs starting at once."""
+    top_up_quiet_s: float = 2.0
+    """A background start waits until no JVM was acquired for this long (10x it at most), so
+    a burst of creates does not share the cores with the JVM starts it triggered (a start
+    costs seconds of CPU), and is dropped if released JVMs refilled the pool meanwhile."""
     call_timeout_s: float = 120.0
     """Longest single engine call (a load with gold path takes up to ~8 s alone)."""
 
@@ -166,6 +173,9 @@ class JvmPool:
         """Idle JVMs kept started ahead, and kept at most (:meth:`keep_warm` raises both)."""
         self.started = 0
         """JVMs started so far (for tests and metrics)."""
+        self._last_acquire = float("-inf")
+        self._waiting = 0
+        """Acquirers waiting for a spare to finish starting (at ``max_live``)."""
 
     @property
     def live(self) -> int:
@@ -183,15 +193,18 @@ class JvmPool:
         with self._lock:
             jvm = self._take_idle()
             if jvm is None and self._starting:
+                self._waiting += 1  # a deferred spare start stops waiting for quiet
                 self._lock.wait_for(
                     lambda: self._idle or self.live < self.max_live or not self._starting or self._closed,
                     self.settings.call_timeout_s,
                 )
+                self._waiting -= 1
                 jvm = self._take_idle()
             if jvm is None:
                 self._reserve_start()
             else:
                 self._busy.add(jvm)
+            self._last_acquire = time.monotonic()
         if jvm is None:
             jvm = self._start()
             with self._lock:
@@ -293,6 +306,12 @@ class JvmPool:
         return jvm
 
     def _start_spare(self) -> None:
+        self._wait_for_quiet()
+        with self._lock:
+            if self._closed or len(self._idle) >= self.spare:
+                self._starting -= 1
+                self._lock.notify_all()
+                return
         try:
             jvm = self._start()
         except EngineError:
@@ -312,6 +331,14 @@ class JvmPool:
                 self._idle.append(jvm)
                 return
         jvm.close()
+
+    def _wait_for_quiet(self) -> None:
+        quiet, deadline = self.settings.top_up_quiet_s, time.monotonic() + 10 * self.settings.top_up_quiet_s
+        while not self._closed and not self._waiting and (now := time.monotonic()) < deadline:
+            calm_at = self._last_acquire + quiet
+            if now >= calm_at:
+                return
+            time.sleep(min(calm_at, deadline, now + 0.1) - now)
 
 
 _pools: dict[JvmSettings, JvmPool] = {}
