@@ -193,7 +193,8 @@ class JvmPool:
         with self._lock:
             jvm = self._take_idle()
             if jvm is None and self._starting:
-                self._waiting += 1  # a deferred spare start stops waiting for quiet
+                self._waiting += 1
+                self._lock.notify_all()  # a spare start waiting for quiet goes ahead now
                 self._lock.wait_for(
                     lambda: self._idle or self.live < self.max_live or not self._starting or self._closed,
                     self.settings.call_timeout_s,
@@ -306,8 +307,8 @@ class JvmPool:
         return jvm
 
     def _start_spare(self) -> None:
-        self._wait_for_quiet()
         with self._lock:
+            self._wait_for_quiet()
             if self._closed or len(self._idle) >= self.spare:
                 self._starting -= 1
                 self._lock.notify_all()
@@ -333,12 +334,15 @@ class JvmPool:
         jvm.close()
 
     def _wait_for_quiet(self) -> None:
-        quiet, deadline = self.settings.top_up_quiet_s, time.monotonic() + 10 * self.settings.top_up_quiet_s
-        while not self._closed and not self._waiting and (now := time.monotonic()) < deadline:
-            calm_at = self._last_acquire + quiet
-            if now >= calm_at:
+        """With the lock held: wait until no JVM was acquired for ``top_up_quiet_s`` (10x it
+        at most), or an acquirer waits for a spare, or the pool closes."""
+        quiet = self.settings.top_up_quiet_s
+        deadline = time.monotonic() + 10 * quiet
+        while not self._closed and not self._waiting:
+            remaining = min(self._last_acquire + quiet, deadline) - time.monotonic()
+            if remaining <= 0:
                 return
-            time.sleep(min(calm_at, deadline, now + 0.1) - now)
+            self._lock.wait(remaining)  # woken early by any notify; the loop re-checks
 
 
 _pools: dict[JvmSettings, JvmPool] = {}
