@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("scienceworld")
 
 from agentgym.envs.sciworld import SciWorldEnv
-from agentgym.envs.sciworld.jvm import NON_HEAP_MB, JvmFailed, rss_with_children
+from agentgym.envs.sciworld.jvm import NON_HEAP_MB, JvmFailed, rss_with_children, shutdown_pools
 from agentgym.envs.sciworld.tasks import TASK_TYPES, agentgym_task_id, parse_task_id
 from agentgym.errors import AtCapacity, SchemaError, UnknownTask
 from agentgym.servers.app import ServerConfig, create_app
@@ -45,6 +45,14 @@ EXPERT_TASKS = [
     "identify-life-stages-2/6",
     "chemistry-mix-paint-secondary-color/27",
 ]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def stop_jvms_after_module() -> Iterator[None]:
+    """Later test modules must not share the process with this module's JVMs or their
+    background starts."""
+    yield
+    shutdown_pools()
 
 
 @pytest.fixture(scope="module")

@@ -44,8 +44,11 @@ class Collector:
         self.runner, self.dp = runner, dp
         self.train_tasks, self.run_dir = train_tasks, run_dir
         self.expert_turns: dict[str, int] | None = None
-        """Turns the expert took per train task (``curriculum: fits-horizon``); None: every
-        task is drawn."""
+        """Turns the expert took per train task (``curriculum`` other than ``all``); None:
+        every task is drawn."""
+        self.solved: set[str] | None = None
+        """``curriculum: unsolved``: train tasks the policy won greedily at the start of RL,
+        left out of the draw."""
         self.published: int | None = None
         """The version the generator samples from (None: not sent yet)."""
         self.pending: asyncio.Task | None = None
@@ -103,7 +106,7 @@ class Collector:
         wanted, used = self.config.tasks_per_step * self.config.group_size, self._tasks(step, horizon)
         for refill in range(self.config.max_refills if self.config.dynamic_sampling else 0):
             missing = -(-(wanted - len(fresh)) // self.config.group_size)
-            spare = [t for t in self._pool(horizon) if t not in used]
+            spare = [t for t in self.pool(horizon) if t not in used]
             if missing <= 0 or not spare:
                 break
             tasks = random.Random(self._seed(step) + refill + 1).sample(spare, min(missing, len(spare)))
@@ -117,17 +120,20 @@ class Collector:
         return episodes, samples, {"rollout_s": round(seconds, 2), **figures}
 
     def _tasks(self, step: int, horizon: int) -> list[str]:
-        pool = self._pool(horizon)
+        pool = self.pool(horizon)
         rng = random.Random(self._seed(step))  # the same tasks after a resume
         return rng.sample(pool, min(self.config.tasks_per_step, len(pool)))
 
-    def _pool(self, horizon: int) -> list[str]:
+    def pool(self, horizon: int) -> list[str]:
         """The train tasks to draw from at ``horizon``: with known expert turns, those the
-        expert finishes within it (all of them if none does)."""
-        if self.expert_turns is None:
-            return self.train_tasks
-        fits = [t for t in self.train_tasks if self.expert_turns.get(t, horizon + 1) <= horizon]
-        return fits or self.train_tasks
+        expert finishes within it (all of them if none does); with known solved tasks, the
+        rest of those (all that fit if every one is solved)."""
+        tasks = self.train_tasks
+        if self.expert_turns is not None:
+            tasks = [t for t in tasks if self.expert_turns.get(t, horizon + 1) <= horizon] or tasks
+        if self.solved is not None:
+            tasks = [t for t in tasks if t not in self.solved] or tasks
+        return tasks
 
     def _seed(self, step: int) -> int:
         return self.config.seed * 1_000_003 + step

@@ -115,10 +115,12 @@ class TrainConfig:
     tasks_per_step: int = 2
     """Tasks (groups) sampled from the train split per step."""
     curriculum: str = "fits-horizon"
-    """Which train tasks RL draws: ``all``, or ``fits-horizon``: those the expert finished
+    """Which train tasks RL draws: ``all``; ``fits-horizon``: those the expert finished
     within the step's horizon in the behaviour-cloning demonstrations (all tasks without
-    behaviour cloning, or when none fits). A task no episode can finish within the
-    horizon gives every episode reward 0, a group that teaches nothing."""
+    behaviour cloning, or when none fits); ``unsolved``: of those, the ones the policy
+    loses in a greedy play at the start of RL (one pass over the train tasks). A task no
+    episode can finish within the horizon gives every episode reward 0, and a task the
+    cloned policy always wins gives every episode reward 1: groups that teach nothing."""
     group_size: int = 8
     """Rollouts per task; advantages compare episodes within a group (8: a cloned policy
     that wins most tasks still gives some groups a loss to learn from)."""

@@ -20,8 +20,8 @@ def config_problems(config: TrainConfig) -> list[str]:
     if config.schedule not in ("fixed", "scaling-inter"):
         problems.append("schedule must be 'fixed' or 'scaling-inter'")
     problems += reporter_problems(config.report_to)
-    if config.curriculum not in ("all", "fits-horizon"):
-        problems.append("curriculum must be 'all' or 'fits-horizon'")
+    if config.curriculum not in ("all", "fits-horizon", "unsolved"):
+        problems.append("curriculum must be 'all', 'fits-horizon' or 'unsolved'")
     if config.generator not in ("hf", "vllm", "ray"):
         problems.append("generator must be 'hf', 'vllm' or 'ray'")
     if config.constrain_actions and config.generator == "vllm":

@@ -220,8 +220,10 @@ class ClippedRL:
         trainer.learner.set_learning_rate(config.rl_learning_rate or config.learning_rate)
         if config.kl_coef:
             trainer.learner.take_reference(trainer.run_dir.path / "reference.pt")
-        if config.curriculum == "fits-horizon" and config.bc_steps and trainer.collector.expert_turns is None:
+        if config.curriculum != "all" and config.bc_steps and trainer.collector.expert_turns is None:
             trainer.collector.expert_turns = self.expert_turns()
+        if config.curriculum == "unsolved" and trainer.collector.solved is None:
+            trainer.collector.solved = self.solved_at_start(step)
         start, horizon = time.perf_counter(), trainer.horizon(step)
         episodes, samples, figures = trainer.collector.collect(step, trainer.version, horizon)
         record = {"step": step, "phase": "rl", "mode": config.mode, "max_turns": horizon}
@@ -272,7 +274,7 @@ class ClippedRL:
             trainer, config = self.trainer, self.trainer.config
             path = trainer.run_dir.path / "expert.jsonl"
             if trainer.dp.main and (not path.exists() or not read_trajectories(path)):
-                every = config.curriculum == "fits-horizon"
+                every = config.curriculum != "all"
                 tasks = trainer.train_tasks if every else trainer.train_tasks[: config.bc_episodes]
                 specs = [EpisodeSpec(t, split="train") for t in tasks]
                 rollout = rollout_config(config, max_turns=None)
@@ -289,6 +291,24 @@ class ClippedRL:
                 raise RuntimeError("the expert solved no train task: nothing to clone")
         return self.expert
 
+    def solved_at_start(self, step: int) -> set[str]:
+        """``curriculum: unsolved``: the train tasks (those the expert finishes within the
+        longest horizon) that the policy wins in greedy play at the start of RL. Played once
+        per run; the episodes are kept in ``rollouts/frontier/``, so a resumed run reads the
+        same set instead of asking its partly trained policy."""
+        trainer, config = self.trainer, self.trainer.config
+        played = sorted((trainer.run_dir.path / "rollouts" / "frontier").glob("step-*.jsonl"))
+        if played:
+            episodes = read_trajectories(played[0])
+        else:
+            tasks = trainer.collector.pool(config.longest_horizon)
+            episodes = self.play_greedy(step, [EpisodeSpec(t, split="train") for t in tasks], "frontier")
+        solved = {e.task_id for e in episodes if e.success}
+        log.info(
+            "curriculum unsolved: the policy wins %d of %d train tasks greedily", len(solved), len(episodes)
+        )
+        return solved
+
     def evaluate(self, step: int) -> dict[str, Any]:
         """Greedy success on the first ``eval_tasks`` test tasks at ``eval_horizon``: the
         rate, and each task's outcome (for the before/after comparison, ``heldout.py``).
@@ -296,13 +316,7 @@ class ClippedRL:
         beside the training episodes)."""
         trainer, config = self.trainer, self.trainer.config
         specs = [EpisodeSpec(t, split="test") for t in trainer.test_tasks[: config.eval_tasks]]
-        rollout = rollout_config(config, config.eval_horizon, sampling(config, greedy=True))
-        if config.mode == "async":  # the generator is busy with the next step, a version behind
-            episodes = trainer.complete(run_episodes(trainer.url, trainer.learner.policy, specs, rollout))
-        else:
-            trainer.collector.publish()
-            episodes = trainer.complete(trainer.collector.generator.evaluate(specs, rollout))
-        trainer.collector.record(step, episodes, folder="rollouts/eval")
+        episodes = self.play_greedy(step, specs, "eval")
         outcomes = {e.task_id: float(e.success) for e in episodes}
         stats = rollout_stats(episodes)
         return {
@@ -311,6 +325,19 @@ class ClippedRL:
             "eval_context_full": stats["context_full"],
             "eval_outcomes": outcomes,
         }
+
+    def play_greedy(self, step: int, specs: list[EpisodeSpec], folder: str) -> list[Trajectory]:
+        """Play ``specs`` greedily at ``eval_horizon`` with the current weights; the episodes
+        are kept in ``rollouts/<folder>/step-N.jsonl``."""
+        trainer, config = self.trainer, self.trainer.config
+        rollout = rollout_config(config, config.eval_horizon, sampling(config, greedy=True))
+        if config.mode == "async":  # the generator is busy with the next step, a version behind
+            episodes = trainer.complete(run_episodes(trainer.url, trainer.learner.policy, specs, rollout))
+        else:
+            trainer.collector.publish()
+            episodes = trainer.complete(trainer.collector.generator.evaluate(specs, rollout))
+        trainer.collector.record(step, episodes, folder=f"rollouts/{folder}")
+        return episodes
 
 
 class AgentEvol(ClippedRL):

@@ -141,6 +141,9 @@ class Jvm:
         """Stop the JVM (kill it if it does not exit within 5 s). Idempotent."""
         with contextlib.suppress(Exception):
             self.gateway.close(keep_callback_server=False, close_callback_server_connections=True)
+        # py4j's close leaves its client "connected": the finalizers of this JVM's objects
+        # would later dial the dead port, log a traceback each and hold a socket until gc.
+        self.gateway._gateway_client.is_connected = False
         if self.alive():
             # Closing stdin is the --die-on-broken-pipe signal; it exits within milliseconds.
             with contextlib.suppress(OSError):
@@ -261,6 +264,7 @@ class JvmPool:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
+            self._lock.notify_all()  # spare starts waiting for quiet give up now
         for jvm in idle:
             jvm.close()
 
@@ -359,7 +363,8 @@ def jvm_pool(settings: JvmSettings) -> JvmPool:
 
 
 @atexit.register
-def _shutdown_all() -> None:
+def shutdown_pools() -> None:
+    """Shut down every pool of this process (at exit, or when a test module is done)."""
     with _pools_lock:
         pools = list(_pools.values())
     for pool in pools:
