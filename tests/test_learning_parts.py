@@ -5,7 +5,9 @@ before/after comparison with its paired interval, the collapse guard, and RL's c
 from __future__ import annotations
 
 import asyncio
+import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -193,3 +195,42 @@ def test_rl_draws_only_tasks_the_expert_finishes_within_the_horizon(
     fits = [expert_turns.get(task, 99) <= 2 for task in drawn]
     assert drawn
     assert all(fits) if curriculum == "fits-horizon" else not all(fits)
+
+
+def test_unsolved_curriculum_draws_the_tasks_the_policy_lost_at_the_start_of_rl(
+    tiny_model_dir: Path, textworld_url: str, tmp_path: Path
+) -> None:
+    settings = {
+        "env_url": textworld_url,
+        "curriculum": "unsolved",
+        "bc_steps": 1,
+        "bc_episodes": 12,
+        "steps": 1,
+        "tasks_per_step": 3,
+        "group_size": 1,
+        "minibatch_size": 1,
+        "micro_batch_size": 1,
+        "max_turns": 2,
+        "max_new_tokens": 4,
+        "eval_tasks": 1,
+    }
+    train_grpo(tiny_model_dir, tmp_path, settings)
+    fitting = {t.task_id for t in read_trajectories(tmp_path / "expert.jsonl") if t.turns <= 2}
+    frontier = tmp_path / "rollouts" / "frontier" / "step-000002.jsonl"
+    played = read_trajectories(frontier)  # one greedy episode per task RL may draw
+    assert sorted(t.task_id for t in played) == sorted(fitting) and len(fitting) > 3
+
+    # Mark all but one task as won in that pass: a resumed run must read the pass, not replay
+    # it, and draw only the task left.
+    left = sorted(fitting)[0]
+    lines = [json.loads(line) for line in frontier.read_text().splitlines()]
+    for record in lines:
+        record["success"] = record["task_id"] != left
+    frontier.write_text("".join(json.dumps(record) + "\n" for record in lines))
+    config = tmp_path / "config.yaml"
+    config.write_text(re.sub(r"(?m)^steps: 1$", "steps: 2", config.read_text()))  # one more RL step
+    result = CliRunner().invoke(app, ["train", "--out", str(tmp_path), "--resume"])
+    assert result.exit_code == 0, result.output
+    drawn = {t.task_id for t in read_trajectories(tmp_path / "rollouts" / "step-000003.jsonl")}
+    assert drawn == {left}
+    assert len(list(frontier.parent.iterdir())) == 1
