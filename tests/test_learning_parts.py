@@ -161,23 +161,29 @@ def test_a_run_evaluates_after_behaviour_cloning_and_at_the_end(
         assert sorted(t.task_id for t in kept) == sorted(history[step - 1]["eval_outcomes"])
 
 
+CURRICULUM_RUN = {
+    "bc_steps": 1,
+    "bc_episodes": 12,
+    "tasks_per_step": 3,
+    "group_size": 1,
+    "minibatch_size": 1,
+    "micro_batch_size": 1,
+    "max_turns": 2,
+    "max_new_tokens": 4,
+    "eval_tasks": 1,
+}
+"""A tiny run whose RL steps each draw 3 tasks, one episode each, at a horizon of 2."""
+
+
 @pytest.mark.parametrize("curriculum", ["fits-horizon", "all"])
 def test_rl_draws_only_tasks_the_expert_finishes_within_the_horizon(
     curriculum: str, tiny_model_dir: Path, textworld_url: str, tmp_path: Path
 ) -> None:
     settings = {
+        **CURRICULUM_RUN,
         "env_url": textworld_url,
         "curriculum": curriculum,
-        "bc_steps": 1,
-        "bc_episodes": 12,
         "steps": 2,
-        "tasks_per_step": 3,
-        "group_size": 1,
-        "minibatch_size": 1,
-        "micro_batch_size": 1,
-        "max_turns": 2,
-        "max_new_tokens": 4,
-        "eval_tasks": 1,
         "bc_max_tokens": 600,  # too short to clone some demonstrations: RL may still draw their tasks
     }
     train_grpo(tiny_model_dir, tmp_path, settings)
@@ -200,20 +206,7 @@ def test_rl_draws_only_tasks_the_expert_finishes_within_the_horizon(
 def test_unsolved_curriculum_draws_the_tasks_the_policy_lost_at_the_start_of_rl(
     tiny_model_dir: Path, textworld_url: str, tmp_path: Path
 ) -> None:
-    settings = {
-        "env_url": textworld_url,
-        "curriculum": "unsolved",
-        "bc_steps": 1,
-        "bc_episodes": 12,
-        "steps": 1,
-        "tasks_per_step": 3,
-        "group_size": 1,
-        "minibatch_size": 1,
-        "micro_batch_size": 1,
-        "max_turns": 2,
-        "max_new_tokens": 4,
-        "eval_tasks": 1,
-    }
+    settings = {**CURRICULUM_RUN, "env_url": textworld_url, "curriculum": "unsolved", "steps": 1}
     train_grpo(tiny_model_dir, tmp_path, settings)
     fitting = {t.task_id for t in read_trajectories(tmp_path / "expert.jsonl") if t.turns <= 2}
     frontier = tmp_path / "rollouts" / "frontier" / "step-000002.jsonl"
