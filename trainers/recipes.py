@@ -293,7 +293,8 @@ class ClippedRL:
 
     def solved_at_start(self, step: int) -> set[str]:
         """``curriculum: unsolved``: the train tasks (those the expert finishes within the
-        longest horizon) that the policy wins in greedy play at the start of RL. Played once
+        longest horizon) that the policy wins in greedy play at that horizon at the start of
+        RL. Played once
         per run; the episodes are kept in ``rollouts/frontier/``, so a resumed run reads the
         same set instead of asking its partly trained policy."""
         trainer, config = self.trainer, self.trainer.config
@@ -302,7 +303,8 @@ class ClippedRL:
             episodes = read_trajectories(played[0])
         else:
             tasks = trainer.collector.pool(config.longest_horizon)
-            episodes = self.play_greedy(step, [EpisodeSpec(t, split="train") for t in tasks], "frontier")
+            specs = [EpisodeSpec(t, split="train") for t in tasks]
+            episodes = self.play_greedy(step, specs, config.longest_horizon, "frontier")
         solved = {e.task_id for e in episodes if e.success}
         log.info(
             "curriculum unsolved: the policy wins %d of %d train tasks greedily", len(solved), len(episodes)
@@ -316,7 +318,7 @@ class ClippedRL:
         beside the training episodes)."""
         trainer, config = self.trainer, self.trainer.config
         specs = [EpisodeSpec(t, split="test") for t in trainer.test_tasks[: config.eval_tasks]]
-        episodes = self.play_greedy(step, specs, "eval")
+        episodes = self.play_greedy(step, specs, config.eval_horizon, "eval")
         outcomes = {e.task_id: float(e.success) for e in episodes}
         stats = rollout_stats(episodes)
         return {
@@ -326,11 +328,13 @@ class ClippedRL:
             "eval_outcomes": outcomes,
         }
 
-    def play_greedy(self, step: int, specs: list[EpisodeSpec], folder: str) -> list[Trajectory]:
-        """Play ``specs`` greedily at ``eval_horizon`` with the current weights; the episodes
-        are kept in ``rollouts/<folder>/step-N.jsonl``."""
+    def play_greedy(
+        self, step: int, specs: list[EpisodeSpec], max_turns: int, folder: str
+    ) -> list[Trajectory]:
+        """Play ``specs`` greedily within ``max_turns`` with the current weights; the
+        episodes are kept in ``rollouts/<folder>/step-N.jsonl``."""
         trainer, config = self.trainer, self.trainer.config
-        rollout = rollout_config(config, config.eval_horizon, sampling(config, greedy=True))
+        rollout = rollout_config(config, max_turns, sampling(config, greedy=True))
         if config.mode == "async":  # the generator is busy with the next step, a version behind
             episodes = trainer.complete(run_episodes(trainer.url, trainer.learner.policy, specs, rollout))
         else:
