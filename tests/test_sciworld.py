@@ -9,6 +9,9 @@ settings, so they borrow the same JVMs instead of starting more.
 
 from __future__ import annotations
 
+import gzip
+import json
+import logging
 import os
 import signal
 import time
@@ -20,7 +23,8 @@ import pytest
 
 pytest.importorskip("scienceworld")
 
-from agentgym.envs.sciworld import SciWorldEnv
+from agentgym.envs.sciworld import SciWorldEnv, gold
+from agentgym.envs.sciworld.gold import GOLD_PATHS, GoldPaths
 from agentgym.envs.sciworld.jvm import NON_HEAP_MB, JvmFailed, rss_with_children, shutdown_pools
 from agentgym.envs.sciworld.tasks import TASK_TYPES, agentgym_task_id, parse_task_id
 from agentgym.errors import AtCapacity, SchemaError, UnknownTask
@@ -197,6 +201,68 @@ def test_expert_follows_the_gold_path_after_a_detour(env: SciWorldEnv) -> None:
     while not env.done:
         _, _, _, _, info = env.step(env.expert_action())
     assert info["success"]
+
+
+def test_resets_take_the_shipped_gold_path_and_it_wins(env: SciWorldEnv) -> None:
+    """Tasks of four more types than the REST test: the expert's path comes from the table
+    (nothing searched) and wins on a load without the search. (ScienceWorld's search itself
+    is not deterministic: two searches of one task can give different paths.)"""
+    searched = GOLD_PATHS.searched
+    for task_id in (
+        "chemistry-mix/3",
+        "test-conductivity/800",
+        "power-component-renewable-vs-nonrenewable-energy/12",
+        "inclined-plane-determine-angle/100",
+    ):
+        env.reset(task_id=task_id, options={"max_turns": 200})
+        assert env.expert_action() == GOLD_PATHS.get(task_id, "")[0]
+        while not env.done:
+            _, _, _, _, info = env.step(env.expert_action())
+        assert info["success"], task_id
+    assert GOLD_PATHS.searched == searched
+
+
+def test_a_searched_gold_path_is_kept_for_the_next_episode(env: SciWorldEnv) -> None:
+    easy = {"simplifications": "easy"}  # not in the shipped table: the reset searches
+    assert GOLD_PATHS.get("find-animal/3", "easy") is None
+    searched = GOLD_PATHS.searched
+    env.reset(task_id="find-animal/3", options=easy)
+    kept = GOLD_PATHS.get("find-animal/3", "easy")
+    assert kept and kept[0] == env.expert_action() and kept != GOLD_PATHS.get("find-animal/3", "")
+    env.reset(task_id="find-animal/3", options=easy)
+    while not env.done:
+        _, _, _, _, info = env.step(env.expert_action())
+    assert info["success"] and GOLD_PATHS.searched == searched + 1
+
+
+def test_gold_table_for_another_engine_version_is_ignored(tmp_path, caplog, monkeypatch) -> None:
+    table = tmp_path / "gold.json.gz"
+    shipped = {"scienceworld": "0.0", "simplifications": "", "paths": {"boil/0": "look around"}}
+    with gzip.open(table, "wt") as file:
+        json.dump(shipped, file)
+    with caplog.at_level(logging.WARNING):
+        assert GoldPaths(table).get("boil/0", "") is None
+    assert "built for scienceworld 0.0" in caplog.text
+    monkeypatch.setattr(gold, "MEMORY_PATHS", 2)  # searched paths: least recently used dropped
+    paths = GoldPaths(table)
+    for n in range(3):
+        paths.put(f"boil/{n}", "easy", ["go to kitchen", f"focus on {n}"])
+        paths.get("boil/0", "easy")
+    assert paths.get("boil/0", "easy") == ["go to kitchen", "focus on 0"]
+    assert paths.get("boil/1", "easy") is None and paths.get("boil/2", "easy") is not None
+
+
+def test_gold_table_build_verifies_and_resumes(tmp_path) -> None:
+    out = tmp_path / "gold.json.gz"
+    # A finished entry in the partial file is kept as it is, not searched again.
+    out.with_suffix(".partial").write_text(json.dumps(["find-plant/1", ["look around"]]) + "\n")
+    gold.build(out, processes=1, task_ids=["find-plant/1", "power-component/2"])
+    with gzip.open(out, "rt") as file:
+        table = json.load(file)
+    assert table["scienceworld"] == gold.engine_version() and table["simplifications"] == ""
+    assert table["paths"]["find-plant/1"] == "look around"
+    assert table["paths"]["power-component/2"].split("\n") == GOLD_PATHS.get("power-component/2", "")
+    assert not out.with_suffix(".partial").exists()
 
 
 def test_simplified_actions(env: SciWorldEnv) -> None:

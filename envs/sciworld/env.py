@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 from py4j.protocol import Py4JError
 
 from agentgym.core import Task, TextEnv, Transition
+from agentgym.envs.sciworld.gold import GOLD_PATHS
 from agentgym.envs.sciworld.jvm import Jvm, JvmFailed, JvmPool, JvmSettings, default_max_live, jvm_pool
 from agentgym.envs.sciworld.tasks import (
     SPLITS,
@@ -71,8 +72,8 @@ class SciWorldEnv(TextEnv):
         available_actions: put the engine's valid actions in ``info`` every turn:
             ``False`` (default, the lean step), ``True`` (all) or ``N`` (the first N);
             per episode ``options={"available_actions": ...}``. Costs ~35 ms a turn.
-        gold_path: load tasks with ``generateGoldPath=True`` so ``expert_action`` works
-            (default); ``False`` makes loads of the long tasks seconds faster.
+        gold_path: give ``expert_action`` the task's gold path (default): the shipped one
+            (:mod:`~agentgym.envs.sciworld.gold`), or searched at load; ``False``: no expert.
         max_turns: turn limit (default 100, ScienceWorld's usual step limit).
         heap_mb, max_jvms, spare_jvms, max_idle_jvms, recycle_after, call_timeout_s:
             the JVM pool (see :class:`~agentgym.envs.sciworld.jvm.JvmSettings`;
@@ -206,12 +207,23 @@ class SciWorldEnv(TextEnv):
         jvm = self._acquire()
         with self._engine_call(jvm):
             jvm.episodes += 1
-            jvm.engine.load(task_type.name, variation, simplifications, self.gold_path)
-            self._gold = list(jvm.engine.getGoldActionSequence()) if self.gold_path else []
+            self._gold = self._load(jvm, task.task_id, task_type.name, variation, simplifications)
             self._task_description = jvm.engine.getTaskDescription()
             self._gold_position, self._raw_score = 0, 0
             self._look = self._advance(jvm, "look around").observation
         return self._transition(f"{self._task_description}\n\n{self._look}")
+
+    def _load(self, jvm: Jvm, task_id: str, name: str, variation: int, simplifications: str) -> list[str]:
+        """Load the task into ``jvm`` and return its gold path: a known path (see
+        :mod:`~agentgym.envs.sciworld.gold`) spares the engine its path search."""
+        known = GOLD_PATHS.get(task_id, simplifications) if self.gold_path else None
+        search = self.gold_path and known is None
+        jvm.engine.load(name, variation, simplifications, search)
+        if not search:
+            return known or []
+        path = list(jvm.engine.getGoldActionSequence())
+        GOLD_PATHS.put(task_id, simplifications, path)
+        return path
 
     def _step(self, action: str) -> Transition:
         jvm = self._acquire()
