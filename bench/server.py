@@ -6,7 +6,8 @@ sessions, over HTTP against the same engine pool driven without HTTP; then serve
 
 The server runs as a separate process (`agentgym serve`), as in production; the load
 generator is this process (one event loop on uvloop, as the servers run, and the async
-client), and its CPU use is reported. "In-process" is the same engine pool the server uses (its engine worker
+client), and its CPU use is reported, as is the server process's own CPU per HTTP step
+(its engine workers' not included: what HTTP, routing and the IPC cost). "In-process" is the same engine pool the server uses (its engine worker
 processes for textworld, built the same way by ``engine_host``) driven by the same number
 of concurrent callers through the session manager, without HTTP. Throughput and latency
 measure steps alone: each session starts one test task with an unbounded turn limit and
@@ -120,9 +121,10 @@ def tree_rss(pid: int) -> int:
     return total
 
 
-def cpu_seconds() -> float:
-    """CPU time (user + system) this process has used so far: the load generator's."""
-    times = psutil.Process().cpu_times()
+def cpu_seconds(pid: int | None = None) -> float:
+    """CPU time (user + system) a process has used so far, children not included: by
+    default this one's (the load generator's)."""
+    times = psutil.Process(pid).cpu_times()
     return times.user + times.system
 
 
@@ -212,15 +214,18 @@ def main() -> None:
         rows = []
         for sessions in args.sessions:
             local = uvloop.run(in_process(args.env, task_ids, sessions, args.seconds))
-            cpu = cpu_seconds()
+            cpu, server_cpu = cpu_seconds(), cpu_seconds(server.process.pid)
             remote = uvloop.run(over_http(server.url, task_ids, sessions, args.seconds))
             client_cpu = (cpu_seconds() - cpu) / remote.seconds
+            steps = remote.steps_per_s * remote.seconds
+            server_ms = 1000 * (cpu_seconds(server.process.pid) - server_cpu) / steps
             rows.append((local, remote))
             print(
                 f"{sessions:>3} sessions | in-process {local.steps_per_s:7.1f} steps/s p50 {local.p50_ms:6.2f} ms"
                 f" p99 {local.p99_ms:6.2f} ms | http {remote.steps_per_s:7.1f} steps/s p50 {remote.p50_ms:6.2f}"
                 f" ms p99 {remote.p99_ms:6.2f} ms | http/in-process {remote.steps_per_s / local.steps_per_s:5.1%}"
-                f" | added p50 {remote.p50_ms - local.p50_ms:+.2f} ms | load generator CPU {client_cpu:.0%}",
+                f" | added p50 {remote.p50_ms - local.p50_ms:+.2f} ms | load generator CPU {client_cpu:.0%}"
+                f" | server process CPU {server_ms:.2f} ms/step (workers not included)",
                 flush=True,
             )
         memory = (

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from collections.abc import Iterator
 
@@ -311,30 +310,3 @@ def test_agentgym_compatible_routes(textworld_url: str) -> None:
         assert http.post("/close", json={"id": env_id}).json()["closed"] is True
         missing = http.post("/step", json={"id": env_id, "action": "look"})
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "session_not_found"
-
-
-def test_a_streamed_response_head_is_not_held_for_its_first_chunk() -> None:
-    """Our HTTP protocol writes a response's head together with its body; a stream whose
-    first chunk waits (here: until the client has seen the head) must get its head alone."""
-    from fastapi import FastAPI
-    from fastapi.responses import StreamingResponse
-
-    app = FastAPI()
-    head_seen = threading.Event()
-
-    @app.get("/health")
-    def health() -> dict[str, str]:
-        return {"status": "ok"}
-
-    @app.get("/stream")
-    def stream() -> StreamingResponse:
-        def chunks() -> Iterator[bytes]:
-            head_seen.wait(10)
-            yield b"after the head"
-
-        return StreamingResponse(chunks(), headers={"x-head": "sent"})
-
-    with serve_in_thread(app) as url, httpx.stream("GET", f"{url}/stream", timeout=5) as response:
-        assert response.headers["x-head"] == "sent"  # arrived while the body was still waiting
-        head_seen.set()
-        assert response.read() == b"after the head"
