@@ -7,8 +7,9 @@ sessions, over HTTP against the same engine pool driven without HTTP; then serve
 The server runs as a separate process (`agentgym serve`), as in production; the load
 generator is this process (one event loop on uvloop, as the servers run, and the async
 client), and its CPU use is reported, as is the server process's own CPU per HTTP step
-(its engine workers' not included: what HTTP, routing and the IPC cost). "In-process" is the same engine pool the server uses (its engine worker
-processes for textworld, built the same way by ``engine_host``) driven by the same number
+(its engine workers' not included: what HTTP, routing and the IPC cost). "In-process" is
+the same engine pool the server uses (its engine worker processes for textworld, built
+the same way by ``engine_host``) driven by the same number
 of concurrent callers through the session manager, without HTTP. Throughput and latency
 measure steps alone: each session starts one test task with an unbounded turn limit and
 alternates `look` and `inventory`, real engine steps (the engine recomputes the

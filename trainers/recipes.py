@@ -294,9 +294,8 @@ class ClippedRL:
     def solved_at_start(self, step: int) -> set[str]:
         """``curriculum: unsolved``: the train tasks (those the expert finishes within the
         longest horizon) that the policy wins in greedy play at that horizon at the start of
-        RL. Played once
-        per run; the episodes are kept in ``rollouts/frontier/``, so a resumed run reads the
-        same set instead of asking its partly trained policy."""
+        RL. Played once per run; the episodes are kept in ``rollouts/frontier/``, so a
+        resumed run reads the same set instead of asking its partly trained policy."""
         trainer, config = self.trainer, self.trainer.config
         played = sorted((trainer.run_dir.path / "rollouts" / "frontier").glob("step-*.jsonl"))
         if played:

@@ -152,7 +152,6 @@ def build(out: Path, processes: int, task_ids: Sequence[str] | None = None) -> N
     partial = out.with_suffix(".partial")
     done = _read_partial(partial)
     todo = [task_id for task_id in task_ids or _all_task_ids() if task_id not in done]
-    failed = [task_id for task_id, path in done.items() if path is None]
     with (
         multiprocessing.get_context("spawn").Pool(processes, initializer=_start_jvm) as pool,
         partial.open("a") as log_file,
@@ -163,9 +162,9 @@ def build(out: Path, processes: int, task_ids: Sequence[str] | None = None) -> N
             log_file.write(json.dumps([task_id, path]) + "\n")
             log_file.flush()
             done[task_id] = path
-            failed += [task_id] if path is None else []
             progress.advance(bar)
     paths = {task_id: "\n".join(path) for task_id, path in sorted(done.items()) if path is not None}
+    failed = [task_id for task_id, path in done.items() if path is None]
     table = {"scienceworld": engine_version(), "simplifications": "", "paths": paths}
     with gzip.open(out, "wt", compresslevel=9) as file:
         json.dump(table, file, separators=(",", ":"))
