@@ -228,7 +228,9 @@ def test_a_searched_gold_path_is_kept_for_the_next_episode(env: SciWorldEnv) -> 
     searched = GOLD_PATHS.searched
     env.reset(task_id="find-animal/3", options=easy)
     kept = GOLD_PATHS.get("find-animal/3", "easy")
-    assert kept and kept[0] == env.expert_action() and kept != GOLD_PATHS.get("find-animal/3", "")
+    # Searched and kept under its own key. (Not compared with the shipped path: the search
+    # is not deterministic, and under "easy" it sometimes returns the same actions.)
+    assert kept and kept[0] == env.expert_action() and GOLD_PATHS.searched == searched + 1
     env.reset(task_id="find-animal/3", options=easy)
     while not env.done:
         _, _, _, _, info = env.step(env.expert_action())
