@@ -79,7 +79,19 @@ def engine_errors(http: httpx.Client) -> float:
 
 
 def run_metrics(run: Path) -> list[dict]:
-    """A training run's ``metrics.jsonl``, one record per step (every line must parse)."""
+    """A training run's ``metrics.jsonl``, one record per step (every line must parse); a
+    run without behaviour cloning's step-0 evaluation of the untrained policy is left out
+    (:func:`untrained_evaluation`)."""
+    return [record for record in all_records(run) if record.get("phase") != "start"]
+
+
+def untrained_evaluation(run: Path) -> dict:
+    """The step-0 record: held-out success of the untrained policy (runs without cloning)."""
+    (record,) = [record for record in all_records(run) if record.get("phase") == "start"]
+    return record
+
+
+def all_records(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 

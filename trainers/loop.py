@@ -111,6 +111,8 @@ class Trainer:
             )
             self.metrics = MetricsLog(self.run_dir.metrics_path, resume_step=resume_step, sinks=sinks)
         self._set_version(start - 1)
+        if self.dp.main and start == 1:
+            self._evaluate_untrained()
         with _progress(visible=self.dp.main) as progress:
             bar = progress.add_task("training", total=self.total_steps, completed=start - 1)
             for step in range(start, self.total_steps + 1):
@@ -147,6 +149,14 @@ class Trainer:
                 keep=self.config.keep_checkpoints,
             )
 
+    def _evaluate_untrained(self) -> None:
+        """With no behaviour cloning, the "before" of the before/after comparison is the
+        untrained policy: evaluate it once, logged as step 0 (phase ``start``). A run
+        resumed before its first checkpoint keeps the evaluation it already logged."""
+        if self.config.bc_steps or any(r.get("phase") == "start" for r in self.metrics.read()):
+            return
+        self.metrics.log({"step": 0, "phase": "start"} | self.recipe.evaluate(0))
+
     def _eval_due(self, step: int) -> bool:
         """At the end of behaviour cloning (the "before" of RL), every ``eval_every`` RL
         steps, and at the last step."""
@@ -157,13 +167,13 @@ class Trainer:
         """Print and save held-out success after behaviour cloning and after RL (rank 0)."""
         before, after = heldout.outcomes_by_phase(self.metrics.read())
         if not before or not after:
-            return  # no warm start or no RL step: nothing to compare
+            return  # no RL step: nothing to compare
         result = heldout.compare([(before, after)])
         heldout.save(self.run_dir.path, result, sorted(before))
         table = Table(title=f"held-out success on {result.gain.n} test tasks (greedy), % [95% interval]")
         table.add_column("")
         table.add_column("%", justify="right")
-        for label, value in heldout.rows(result):
+        for label, value in heldout.rows(result, cloned=self.config.bc_steps > 0):
             table.add_row(label, value)
         Console().print(table)
 
