@@ -8,6 +8,7 @@ import asyncio
 import json
 import math
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -162,6 +163,39 @@ def test_a_run_evaluates_after_behaviour_cloning_and_at_the_end(
     for step in (2, 3):  # the evaluated episodes are kept, one file per evaluation
         kept = read_trajectories(tmp_path / "rollouts" / "eval" / f"step-{step:06d}.jsonl")
         assert sorted(t.task_id for t in kept) == sorted(history[step - 1]["eval_outcomes"])
+
+
+def test_a_run_without_cloning_compares_with_the_untrained_policy_evaluated_once(
+    tiny_model_dir: Path, choice_url: str, tmp_path: Path
+) -> None:
+    settings = {
+        "env": "choice",
+        "env_url": choice_url,
+        "bc_steps": 0,
+        "steps": 1,
+        "tasks_per_step": 2,
+        "group_size": 2,
+        "max_new_tokens": 4,
+        "agent_format": "plain",
+        "eval_tasks": 4,
+    }
+    result = train_grpo(tiny_model_dir, tmp_path, settings)
+    metrics = tmp_path / "metrics.jsonl"
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [(r["step"], r["phase"], len(r.get("eval_outcomes", {}))) for r in records] == [
+        (0, "start", 4),
+        (1, "rl", 4),
+    ]
+    assert "held-out success before RL (untrained)" in result.output
+    # Killed after that evaluation, before the first checkpoint: the resumed run keeps it
+    # and does not evaluate again.
+    evaluation = metrics.read_text().splitlines()[0]
+    shutil.rmtree(tmp_path / "checkpoints")
+    metrics.write_text(evaluation + "\n")
+    resumed = CliRunner().invoke(app, ["train", "--resume", "--out", str(tmp_path)])
+    assert resumed.exit_code == 0, resumed.output
+    lines = metrics.read_text().splitlines()
+    assert lines[0] == evaluation and [json.loads(line)["step"] for line in lines] == [0, 1]
 
 
 CURRICULUM_RUN = {
