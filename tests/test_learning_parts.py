@@ -131,20 +131,25 @@ def test_the_guard_warns_on_entropy_collapse_and_climbing_invalid_actions() -> N
     assert "entropy collapse" in collapse and "invalid actions climbing" in climbing
 
 
+ONE_RL_STEP = {
+    "env": "choice",
+    "steps": 1,
+    "tasks_per_step": 2,
+    "group_size": 2,
+    "max_new_tokens": 4,
+    "agent_format": "plain",
+    "eval_tasks": 4,
+}
+"""A tiny run on ``choice``: one RL step of 2 tasks × 2 episodes, 4 held-out tasks."""
+
+
 def test_a_run_evaluates_after_behaviour_cloning_and_at_the_end(
     tiny_model_dir: Path, choice_url: str, tmp_path: Path
 ) -> None:
-    settings = {
-        "env": "choice",
+    settings = ONE_RL_STEP | {
         "env_url": choice_url,
         "bc_steps": 2,
         "bc_episodes": 4,
-        "steps": 1,
-        "tasks_per_step": 2,
-        "group_size": 2,
-        "max_new_tokens": 4,
-        "agent_format": "plain",
-        "eval_tasks": 4,
         "entropy_floor": 100.0,  # any entropy is "collapsed": the warning must reach the record
         "learning_rate": 1e-3,
         "rl_learning_rate": 2e-4,
@@ -168,18 +173,7 @@ def test_a_run_evaluates_after_behaviour_cloning_and_at_the_end(
 def test_a_run_without_cloning_compares_with_the_untrained_policy_evaluated_once(
     tiny_model_dir: Path, choice_url: str, tmp_path: Path
 ) -> None:
-    settings = {
-        "env": "choice",
-        "env_url": choice_url,
-        "bc_steps": 0,
-        "steps": 1,
-        "tasks_per_step": 2,
-        "group_size": 2,
-        "max_new_tokens": 4,
-        "agent_format": "plain",
-        "eval_tasks": 4,
-    }
-    result = train_grpo(tiny_model_dir, tmp_path, settings)
+    result = train_grpo(tiny_model_dir, tmp_path, ONE_RL_STEP | {"env_url": choice_url, "bc_steps": 0})
     metrics = tmp_path / "metrics.jsonl"
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [(r["step"], r["phase"], len(r.get("eval_outcomes", {}))) for r in records] == [
