@@ -218,8 +218,7 @@ def main() -> None:
             cpu, server_cpu = cpu_seconds(), cpu_seconds(server.process.pid)
             remote = uvloop.run(over_http(server.url, task_ids, sessions, args.seconds))
             client_cpu = (cpu_seconds() - cpu) / remote.seconds
-            steps = remote.steps_per_s * remote.seconds
-            server_ms = 1000 * (cpu_seconds(server.process.pid) - server_cpu) / steps
+            server_ms = 1000 * (cpu_seconds(server.process.pid) - server_cpu) / remote.steps
             rows.append((local, remote))
             print(
                 f"{sessions:>3} sessions | in-process {local.steps_per_s:7.1f} steps/s p50 {local.p50_ms:6.2f} ms"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_metrics
+from conftest import all_records, run_metrics
 from typer.testing import CliRunner, Result
 
 from agentgym.cli import app
@@ -175,7 +175,7 @@ def test_a_run_without_cloning_compares_with_the_untrained_policy_evaluated_once
 ) -> None:
     result = train_grpo(tiny_model_dir, tmp_path, ONE_RL_STEP | {"env_url": choice_url, "bc_steps": 0})
     metrics = tmp_path / "metrics.jsonl"
-    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    records = all_records(tmp_path)
     assert [(r["step"], r["phase"], len(r.get("eval_outcomes", {}))) for r in records] == [
         (0, "start", 4),
         (1, "rl", 4),
