@@ -14,11 +14,11 @@ BC" evaluation), and no arm pays for cloning again. A finished run (its last met
 is there) is skipped on a re-run and an interrupted one resumes from its checkpoint, so the
 bench can run across several sittings; the table is printed from whatever has finished.
 
-Arms share every setting (the embedded default run, plus ``--set``) and differ only as
-named: the algorithm, fixed horizon (``max_turns`` = the schedule's last round) or
-ScalingInter-RL, and ``bc-continued``: no RL, behaviour cloning continued for as long as
-the same seed's first RL arm spent in RL (its wall time over a BC step's), so the table
-shows whether RL beats more imitation. Every arm is evaluated on the same frozen test
+Arms share every setting (the env's defaults, as ``agentgym train --env ENV`` resolves
+them, plus ``--set``) and differ only as named: the algorithm, fixed horizon
+(``max_turns`` = the schedule's last round) or ScalingInter-RL, and ``bc-continued``: no
+RL, behaviour cloning continued for as long as the same seed's first RL arm spent in RL
+(its wall time over a BC step's), so the table shows whether RL beats more imitation. Every arm is evaluated on the same frozen test
 tasks, greedily, at the same horizon.
 
 The table: held-out success after behaviour cloning and at the end (pooled over task x seed, 95% interval, and each
@@ -43,6 +43,7 @@ from rich.table import Table
 from agentgym.trainers import heldout
 from agentgym.trainers.checkpoint import MetricsLog
 from agentgym.trainers.config import TrainConfig
+from agentgym.trainers.config_files import env_layer
 
 BC_ARM = "bc-continued"
 START = "_bc-start"
@@ -82,7 +83,8 @@ def main() -> None:
         "env": args.env,
         **{k: yaml.safe_load(v) for k, _, v in (s.partition("=") for s in args.settings)},
     }
-    base = TrainConfig().with_overrides(shared)  # fails here, before any run, on a bad --set
+    # What `agentgym train --env ENV` starts from; fails here, before any run, on a bad --set.
+    base = TrainConfig.from_dict(env_layer(args.env)).with_overrides(shared)
     if not args.report_only:
         # bc-continued is timed by an RL arm of the same seed: RL arms first.
         for arm in sorted(arms, key=lambda a: a == BC_ARM):

@@ -36,6 +36,7 @@ import agentgym.gym_adapter  # noqa: F401 - registers agentgym/<name>-v0
 from agentgym.cli import app
 from agentgym.servers.launcher import free_port
 from agentgym.trainers.config import TrainConfig
+from agentgym.trainers.config_files import RECIPE_DIR
 from agentgym.trainers.registry import PRESETS
 
 runner = CliRunner()
@@ -225,6 +226,23 @@ def test_a_shipped_recipe_for_every_algorithm_and_env_loads() -> None:
 def test_recipe_values_give_way_to_flags_and_set() -> None:
     values, _ = printed_config(["--recipe", "grpo-choice"])
     assert (values["agent_format"], values["schedule"], values["bc_steps"]) == ("plain", "fixed", 0)
+
+
+def test_an_env_brings_its_own_layer_under_everything_else(tmp_path: Path) -> None:
+    """``--env search`` (or ``env`` set in a file or by ``--set``) starts from search's
+    layer, not textworld's defaults; anything given explicitly still wins."""
+    shipped = yaml.safe_load((RECIPE_DIR / "envs" / "search.yaml").read_text())
+    config = tmp_path / "mine.yaml"
+    config.write_text("env: search\n")
+    for args in (["--env", "search"], ["--set", "env=search"], ["--config", str(config)]):
+        values, _ = printed_config(args)
+        assert (values["max_new_tokens"], values["rounds"]) == (shipped["max_new_tokens"], shipped["rounds"])
+        assert values["max_new_tokens"] != TrainConfig().max_new_tokens, "the test needs a field that differs"
+    values, _ = printed_config(["--env", "search", "--set", "max_new_tokens=20"])
+    assert (values["max_new_tokens"], values["rounds"]) == (20, shipped["rounds"])
+    values, _ = printed_config(["--recipe", "grpo-search", "--env", "choice"])
+    assert (values["env"], values["max_new_tokens"], values["rounds"]) == ("choice", 64, shipped["rounds"])
+
     values, _ = printed_config(["--recipe", "grpo-choice", "--algo", "rloo", "--set", "bc_steps=3"])
     assert (values["algo"], values["agent_format"], values["bc_steps"]) == ("rloo", "plain", 3)
 

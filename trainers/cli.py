@@ -150,9 +150,10 @@ class ConfigLayers(NamedTuple):
 def _resolve_config(
     layers: ConfigLayers, overrides: dict[str, Any], out: Path | None, resume: bool
 ) -> TrainConfig:
-    """defaults < --recipe < --config < flags < --set; on --resume, the run's saved config."""
+    """defaults < the env's layer < --recipe < --config < flags < --set; on --resume, the
+    run's saved config."""
     from agentgym.trainers.config import TrainConfig
-    from agentgym.trainers.config_files import recipe
+    from agentgym.trainers.config_files import env_layer, recipe
 
     if resume:
         saved = Path(out) / "config.yaml"
@@ -163,7 +164,10 @@ def _resolve_config(
     if layers.config_file:
         values |= yaml.safe_load(layers.config_file.read_text()) or {}
     flags = {key: value for key, value in layers.flags.items() if value}
-    resolved = TrainConfig.from_dict(values).with_overrides(flags | overrides)
+    # The env is known only once every layer is read; its own layer then goes under them all,
+    # so `--env search` gets search's reply length and turn limits, not textworld's defaults.
+    env = TrainConfig.from_dict(values).with_overrides(flags | overrides).env
+    resolved = TrainConfig.from_dict(env_layer(env) | values).with_overrides(flags | overrides)
     folder = out or Path("runs") / f"{resolved.algo}-{resolved.env}-{time.strftime('%Y%m%d-%H%M%S')}"
     return resolved.with_overrides({"output_dir": str(folder)})
 

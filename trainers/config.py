@@ -131,7 +131,7 @@ class TrainConfig:
     max_new_tokens: int = 48
     """Tokens per agent turn at most."""
     agent_format: str = "react"
-    """How the agent writes actions: react | json."""
+    """How the agent writes actions: react | json | plain (the command alone)."""
     max_context_tokens: int | None = None
     """An episode whose context plus ``max_new_tokens`` would pass this ends before the turn
     (``end_reason: context_full``); None: the model's window."""

@@ -90,6 +90,12 @@ def recipe_names() -> list[str]:
     ]
 
 
+def env_layer(env: str) -> dict[str, Any]:
+    """What suits ``env`` (``envs/ENV.yaml``): the base of every run on it, under any recipe,
+    file or flag; {} for an env that ships none."""
+    return _layers("envs").get(env, {})
+
+
 def recipe(name: str) -> dict[str, Any]:
     """The config fields of recipe ``name`` (env layer, then algorithm layer); ValueError
     listing the recipes when there is no such one."""
