@@ -437,25 +437,35 @@ ToolCallsOpt = Annotated[
 TemperatureOpt = Annotated[
     float | None, typer.Option(min=0.0, help="Sampling temperature (default: 0 if k=1, else 1).")
 ]
-MaxNewTokensOpt = Annotated[int, typer.Option(min=1, help="Generated tokens per reply at most.")]
+MaxNewTokensOpt = Annotated[int | None, typer.Option(min=1, help="Generated tokens per reply at most.")]
 HistoryOpt = Annotated[
     int | None, typer.Option(min=0, help="Text backends see only the last N turns (default: all).")
 ]
 
 
 ShowActionsOpt = Annotated[
-    bool,
+    bool | None,
     typer.Option(
-        help="Append the env's valid commands to every observation (as `agentgym train` shows them)."
+        help="Append the env's valid commands to every observation (as `agentgym train` shows them). "
+        "Default: off, or as the training run given as --model played."
     ),
 ]
 ConstrainActionsOpt = Annotated[
-    bool,
+    bool | None,
     typer.Option(
         help="hf policy: reply only with one of the env's valid commands (constrained decoding, "
-        "as `agentgym train` plays by default); implies --show-actions."
+        "as `agentgym train` plays by default); implies --show-actions. Default: off, or as the "
+        "training run given as --model played."
     ),
 ]
+PLAY_DEFAULTS: dict[str, Any] = {
+    "agent_format": "react",
+    "max_new_tokens": 128,
+    "max_turns": None,
+    "show_actions": False,
+    "constrain_actions": False,
+}
+"""How ``eval`` plays a model that is not a training run, where no option says otherwise."""
 
 
 def _require_policy(kind: str) -> None:
@@ -490,6 +500,34 @@ def _rollout_config(
         show_actions=show_actions or constrain_actions,
         constrain_actions=constrain_actions,
     )
+
+
+def _as_the_run_played(model: str | None, policy: str) -> dict[str, Any]:
+    """``PLAY_DEFAULTS``, or, for a training run's model, how the run's held-out evaluation
+    played (its model was trained on that format and those observations)."""
+    from agentgym.policies.runs import evaluation_rollout
+
+    try:
+        played = evaluation_rollout(model) if policy == "hf" else None  # vllm refuses a run folder
+    except (OSError, ValueError, yaml.YAMLError) as exc:  # e.g. a run of an older version
+        console.print(
+            f"[yellow]the run's config.yaml does not load ({exc}); playing with eval's defaults[/yellow]"
+        )
+        return PLAY_DEFAULTS
+    if played is None:
+        return PLAY_DEFAULTS
+    settings = {
+        "agent_format": played.format,
+        "max_new_tokens": played.sampling.max_new_tokens,
+        "max_turns": played.max_turns,
+        "show_actions": played.show_actions,
+        "constrain_actions": played.constrain_actions,
+    }
+    console.print(
+        "playing as the run's held-out evaluation did (options given override): "
+        + ", ".join(f"{name} {value}" for name, value in settings.items())
+    )
+    return settings
 
 
 def _check_model(kind: str, model: str | None) -> None:
@@ -659,13 +697,18 @@ def evaluate_policy(
     max_turns: MaxTurnsOpt = None,
     concurrency: ConcurrencyOpt = 8,
     temperature: TemperatureOpt = None,
-    max_new_tokens: MaxNewTokensOpt = 128,
+    max_new_tokens: MaxNewTokensOpt = None,
     agent_format: Annotated[
-        str, typer.Option("--format", help="Reply format: react, json or plain.")
-    ] = "react",
+        str | None,
+        typer.Option(
+            "--format",
+            help="Reply format: react, json or plain. Default: react, or the training run's "
+            "(--model runs/<run>).",
+        ),
+    ] = None,
     history_turns: HistoryOpt = None,
-    show_actions: ShowActionsOpt = False,
-    constrain_actions: ConstrainActionsOpt = False,
+    show_actions: ShowActionsOpt = None,
+    constrain_actions: ConstrainActionsOpt = None,
     out: Annotated[
         Path | None,
         typer.Option(help="Results folder; re-running with the same one resumes (default: a new one)."),
@@ -692,7 +735,9 @@ def evaluate_policy(
 ) -> None:
     """Evaluate a policy on a task split: success rate, score, turns, invalid replies,
     Avg@k, Pass@k, per challenge (with --critic: Acc, Acc@Refine, Acc@Dis, the deltas and
-    voting accuracy). Exit code 3: too many episodes failed for infrastructure reasons."""
+    voting accuracy). A training run given as --model plays as its held-out evaluation did
+    (reply format and length, valid commands shown or constrained, turn limit), unless an
+    option says otherwise. Exit code 3: too many episodes failed for infrastructure reasons."""
     from agentgym.evaluation import (
         EXIT_INFRASTRUCTURE,
         RESULTS_FILE,
@@ -708,15 +753,24 @@ def evaluate_policy(
         raise fail("--constrain-actions needs --policy hf (the others decode unconstrained)", EXIT_USAGE)
     temperature = temperature if temperature is not None else (0.0 if k == 1 else 1.0)
     out = out or Path("runs/eval") / f"{env}-{split}-{policy}-{time.strftime('%Y%m%d-%H%M%S')}"
+    given = {
+        "agent_format": agent_format,
+        "max_new_tokens": max_new_tokens,
+        "max_turns": max_turns,
+        "show_actions": show_actions,
+        "constrain_actions": constrain_actions,
+    }
+    played = _as_the_run_played(model, policy)
+    play = {name: played[name] if value is None else value for name, value in given.items()}
     rollout = _rollout_config(
-        agent_format,
-        max_turns,
+        play["agent_format"],
+        play["max_turns"],
         concurrency,
         temperature,
-        max_new_tokens,
+        play["max_new_tokens"],
         history_turns,
-        show_actions,
-        constrain_actions,
+        play["show_actions"],
+        play["constrain_actions"],
     )
     choice = PolicyChoice(policy, model, base_url, api_key, concurrency, tool_calls)
     if critic is not None:

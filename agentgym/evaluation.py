@@ -95,6 +95,8 @@ class EvalConfig:
             "top_p": rollout.sampling.top_p,
             "max_new_tokens": rollout.sampling.max_new_tokens,
             "history_turns": rollout.history_turns,
+            "show_actions": rollout.show_actions,
+            "constrain_actions": rollout.constrain_actions,
             "concurrency": rollout.concurrency,
         }
 

@@ -81,6 +81,27 @@ def test_eval_takes_a_run_folder_or_a_checkpoint(tiny_run: Path, choice_url: str
     assert len(hashes) == 1  # the same weights, named two ways
 
 
+def test_eval_plays_a_run_as_its_held_out_evaluation_did_unless_told_otherwise(
+    tiny_run: Path, choice_url: str, tmp_path: Path
+) -> None:
+    """The tiny run trained plain 4-token replies at one turn with the valid commands shown;
+    eval's own defaults are react, 128 tokens, the env's turn limit and none shown."""
+    base = ["eval", "--env", "choice", "--url", choice_url, "--model", str(tiny_run), "--n", "2"]
+    code, output = cli(*base, "--out", str(tmp_path / "as-run"))
+    assert code == 0, output
+    assert "playing as the run's held-out evaluation did" in output
+    played = json.loads((tmp_path / "as-run" / "results.json").read_text())["config"]
+    assert (played["format"], played["max_new_tokens"], played["max_turns"]) == ("plain", 4, 1)
+    assert (played["show_actions"], played["constrain_actions"]) == (True, False)
+
+    told = ["--format", "react", "--max-new-tokens", "6", "--no-show-actions"]
+    code, output = cli(*base, *told, "--out", str(tmp_path / "told"))
+    assert code == 0, output
+    played = json.loads((tmp_path / "told" / "results.json").read_text())["config"]
+    assert (played["format"], played["max_new_tokens"], played["max_turns"]) == ("react", 6, 1)
+    assert played["show_actions"] is False
+
+
 def test_export_writes_a_folder_plain_transformers_loads(
     tiny_run: Path, tiny_model_dir: Path, tmp_path: Path
 ) -> None:

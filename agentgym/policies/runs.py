@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from agentgym.rollout import RolloutConfig
 from agentgym.trainers.checkpoint import CHECKPOINTS, RunDir, checkpoint_problem, load_trainable
 
 RUN_CONFIG = "config.yaml"
@@ -43,6 +44,33 @@ class RunCheckpoint:
 def is_run(path: Path) -> bool:
     """A training run folder: a ``config.yaml`` where a model folder has ``config.json``."""
     return (path / RUN_CONFIG).is_file() and not (path / "config.json").is_file()
+
+
+def run_of(spec: str | Path | None) -> Path | None:
+    """The training run ``spec`` names (a run folder or one of its ``checkpoints/step-N``);
+    None for anything else."""
+    if spec is None:
+        return None
+    path = Path(spec).expanduser()
+    if is_run(path):
+        return path
+    if path.parent.name == CHECKPOINTS and is_run(path.parent.parent):
+        return path.parent.parent
+    return None
+
+
+def evaluation_rollout(spec: str | Path | None) -> RolloutConfig | None:
+    """How the run behind ``spec`` played its held-out evaluations (agent format, reply
+    length, valid commands shown or constrained, turn limit, greedy), so that evaluating
+    its model again plays it the same way; None when ``spec`` is not a run."""
+    run = run_of(spec)
+    if run is None:
+        return None
+    from agentgym.trainers.collector import rollout_config, sampling
+    from agentgym.trainers.config import TrainConfig
+
+    config = TrainConfig.load(run / RUN_CONFIG)
+    return rollout_config(config, config.eval_horizon, sampling(config, greedy=True))
 
 
 def find_checkpoint(spec: str | Path, step: int | None = None) -> RunCheckpoint | None:
