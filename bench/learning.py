@@ -18,8 +18,8 @@ Arms share every setting (the env's defaults, as ``agentgym train --env ENV`` re
 them, plus ``--set``) and differ only as named: the algorithm, fixed horizon
 (``max_turns`` = the schedule's last round) or ScalingInter-RL, and ``bc-continued``: no
 RL, behaviour cloning continued for as long as the same seed's first RL arm spent in RL
-(its wall time over a BC step's), so the table shows whether RL beats more imitation. Every arm is evaluated on the same frozen test
-tasks, greedily, at the same horizon.
+(its wall time over a BC step's), so the table shows whether RL beats more imitation.
+Every arm is evaluated on the same frozen test tasks, greedily, at the same horizon.
 
 The table: held-out success after behaviour cloning and at the end (pooled over task x seed, 95% interval, and each
 seed's), the gain over ``bc-continued`` paired over task x seed (an interval holding 0

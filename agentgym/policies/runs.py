@@ -54,7 +54,7 @@ def run_of(spec: str | Path | None) -> Path | None:
     path = Path(spec).expanduser()
     if is_run(path):
         return path
-    if path.parent.name == CHECKPOINTS and is_run(path.parent.parent):
+    if path.is_dir() and path.parent.name == CHECKPOINTS and is_run(path.parent.parent):
         return path.parent.parent
     return None
 
@@ -77,20 +77,21 @@ def find_checkpoint(spec: str | Path, step: int | None = None) -> RunCheckpoint 
     """The checkpoint ``spec`` names: a run folder's newest complete one (or ``step``'s), or
     a ``checkpoints/step-N`` folder of a run. None when ``spec`` is neither; ValueError for
     a run without a complete checkpoint (or without ``step``), or a torn checkpoint."""
+    run_path = run_of(spec)
+    if run_path is None:
+        return None
     path = Path(spec).expanduser()
-    if is_run(path):
-        run = RunDir(path, create=False)
+    run = RunDir(run_path, create=False)
+    if path == run_path:
         folder = run.checkpoint_at(step) if step is not None else run.latest_checkpoint()
         if folder is None:
             raise ValueError(f"{path} is a training run with no complete checkpoint yet")
-    elif path.is_dir() and path.parent.name == CHECKPOINTS and is_run(path.parent.parent):
+    else:  # one of the run's checkpoints/step-N
         if step is not None:
             raise ValueError(f"{path} is one checkpoint already: give its run folder to pick a step")
         if problem := checkpoint_problem(path):
             raise ValueError(f"checkpoint {path} is not complete: {problem}")
-        run, folder = RunDir(path.parent.parent, create=False), path
-    else:
-        return None
+        folder = path
     config = yaml.safe_load((run.path / RUN_CONFIG).read_text()) or {}
     if not isinstance(config, dict) or "model" not in config:
         raise ValueError(f"{run.path / RUN_CONFIG} does not name the run's model")
