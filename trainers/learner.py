@@ -10,6 +10,7 @@ it computes with is moved to the model's device here, in :meth:`Learner.logprobs
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -152,17 +153,19 @@ def adapt(model: torch.nn.Module, config: Any) -> torch.nn.Module:
 
     total = model.config.num_hidden_layers
     layers = None if config.lora_layers is None else list(range(max(0, total - config.lora_layers), total))
-    return get_peft_model(
-        model,
-        LoraConfig(
-            r=config.lora_rank,
-            lora_alpha=config.lora_alpha,
-            lora_dropout=0.0,
-            target_modules=config.lora_targets,
-            layers_to_transform=layers,
-            task_type="CAUSAL_LM",
-        ),
+    lora = LoraConfig(
+        r=config.lora_rank,
+        lora_alpha=config.lora_alpha,
+        lora_dropout=0.0,
+        target_modules=config.lora_targets,
+        layers_to_transform=layers,
+        task_type="CAUSAL_LM",
     )
+    with warnings.catch_warnings():
+        # peft probes transformers' deprecated ``is_gradient_checkpointing``; the FutureWarning
+        # it triggers on every run is about peft's code, nothing a user can act on.
+        warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated")
+        return get_peft_model(model, lora)
 
 
 @contextlib.contextmanager
