@@ -127,6 +127,7 @@ def test_logprobs_limited_to_positions_match_the_full_computation() -> None:
     assert torch.allclose(part_entropy, full_entropy * positions, atol=1e-5)
 
 
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")  # peft probes it
 def test_merged_lora_weights_reproduce_the_adapted_model() -> None:
     """What a separate generator (vLLM) is sent: plain HF names, adapters merged in."""
     from peft import LoraConfig, get_peft_model
