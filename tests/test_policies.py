@@ -115,6 +115,22 @@ async def test_batched_generation_returns_tokens_and_logprobs(policy: HFPolicy) 
     assert any(g.finish_reason == "stop" for g in generations)
 
 
+@pytest.mark.filterwarnings("error::FutureWarning")
+async def test_generation_uses_the_installed_transformers_names(policy: HFPolicy) -> None:
+    """No deprecated argument on any forward (prefill, reused prefix, decode): transformers
+    5.24 renamed ``past_key_values`` and warned on every run of the old name."""
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=4)
+    first = (await policy.generate([ask(QUESTIONS[0])], sampling))[0]
+    follow_up = [
+        *ask(QUESTIONS[0]).messages,
+        {"role": "assistant", "content": first.text},
+        {"role": "user", "content": QUESTIONS[1]},
+    ]
+    reused = policy.stats.reused_tokens
+    await policy.generate([GenerationRequest(messages=follow_up)], sampling)
+    assert policy.stats.reused_tokens > reused  # the cached-prefix forward ran too
+
+
 async def test_logprobs_are_those_of_the_sampling_distribution(policy: HFPolicy) -> None:
     sampling = SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=20, seed=1)
     requests = [ask(q) for q in QUESTIONS]

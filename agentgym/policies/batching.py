@@ -37,12 +37,18 @@ from typing import Any
 
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from agentgym.policies.base import Generation, SamplingParams
 from agentgym.policies.prefix_cache import CachedPrefix, PrefixCache
 from agentgym.policies.sampling import sample_next
 
 log = logging.getLogger(__name__)
+
+# transformers 5.24 renamed the forward's KV cache, argument and output alike, from
+# ``past_key_values`` to ``cache``: the old name warns on every run and goes in 5.40.
+# Earlier releases know only the old one.
+CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 @dataclass
@@ -291,7 +297,7 @@ class ContinuousBatcher:
         )
         self.stats.prefills += 1
         self.stats.prompt_tokens += int(mask.sum())
-        distinct = _LiveBatch([], out.past_key_values, mask, out.logits[:, -1, :])
+        distinct = _LiveBatch([], out[CACHE], mask, out.logits[:, -1, :])
         for i, prompt in enumerate(prompts):
             self._remember(list(prompt), distinct, i)
         slot = {prompt: i for i, prompt in enumerate(prompts)}
@@ -323,7 +329,7 @@ class ContinuousBatcher:
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=cache,
+            **{CACHE: cache},
             use_cache=True,
             logits_to_keep=1,
         )
@@ -331,7 +337,7 @@ class ContinuousBatcher:
         self.stats.prompt_tokens += sum(len(rest) for rest in rests)
         self.stats.reused_tokens += sum(length for _, length in prefixes)
         _stamp(rows, self.version)
-        return _LiveBatch(rows, out.past_key_values, mask, out.logits[:, -1, :])
+        return _LiveBatch(rows, out[CACHE], mask, out.logits[:, -1, :])
 
     def _remember(self, ids: list[int], live: _LiveBatch, index: int) -> None:
         """Cache the keys and values of ``live``'s row ``index``, which encode ``ids``."""
@@ -382,12 +388,12 @@ class ContinuousBatcher:
             input_ids=tokens[:, None],
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=live.cache,
+            **{CACHE: live.cache},
             use_cache=True,
         )
         self.stats.decode_steps += 1
         _stamp(live.rows, self.version)
-        return _LiveBatch(live.rows, out.past_key_values, mask, out.logits[:, -1, :])
+        return _LiveBatch(live.rows, out[CACHE], mask, out.logits[:, -1, :])
 
     def _finish_reason(self, row: _Row) -> str | None:
         if row.token_ids[-1] in self.stop_ids:
