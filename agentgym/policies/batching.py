@@ -292,12 +292,10 @@ class ContinuousBatcher:
         ids, mask = _left_padded(prompts, self.pad_id)
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
-        )
+        cache, logits = self._forward(ids, mask, positions)
         self.stats.prefills += 1
         self.stats.prompt_tokens += int(mask.sum())
-        distinct = _LiveBatch([], out[CACHE], mask, out.logits[:, -1, :])
+        distinct = _LiveBatch([], cache, mask, logits)
         for i, prompt in enumerate(prompts):
             self._remember(list(prompt), distinct, i)
         slot = {prompt: i for i, prompt in enumerate(prompts)}
@@ -325,19 +323,12 @@ class ContinuousBatcher:
         positions = (rest_mask.cumsum(-1) - 1).clamp(min=0) + lengths
         mask = torch.cat([prefix_mask, rest_mask], dim=1)
         ids, mask, positions = ids.to(self.device), mask.to(self.device), positions.to(self.device)
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            **{CACHE: cache},
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        cache, logits = self._forward(ids, mask, positions, cache)
         self.stats.prefills += 1
         self.stats.prompt_tokens += sum(len(rest) for rest in rests)
         self.stats.reused_tokens += sum(length for _, length in prefixes)
         _stamp(rows, self.version)
-        return _LiveBatch(rows, out[CACHE], mask, out.logits[:, -1, :])
+        return _LiveBatch(rows, cache, mask, logits)
 
     def _remember(self, ids: list[int], live: _LiveBatch, index: int) -> None:
         """Cache the keys and values of ``live``'s row ``index``, which encode ``ids``."""
@@ -384,16 +375,27 @@ class ContinuousBatcher:
     def _decode(self, live: _LiveBatch, tokens: torch.Tensor) -> _LiveBatch:
         mask = torch.cat([live.mask, live.mask.new_ones((len(live.rows), 1))], dim=1)
         positions = torch.tensor([[row.last_position] for row in live.rows], device=self.device)
-        out = self.model(
-            input_ids=tokens[:, None],
-            attention_mask=mask,
-            position_ids=positions,
-            **{CACHE: live.cache},
-            use_cache=True,
-        )
+        cache, logits = self._forward(tokens[:, None], mask, positions, live.cache)
         self.stats.decode_steps += 1
         _stamp(live.rows, self.version)
-        return _LiveBatch(live.rows, out[CACHE], mask, out.logits[:, -1, :])
+        return _LiveBatch(live.rows, cache, mask, logits)
+
+    def _forward(
+        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any = None
+    ) -> tuple[Any, torch.Tensor]:
+        """One forward pass on top of ``cache`` (None: from scratch): the extended KV cache
+        and each row's next-token logits. The cache goes in and comes out under the
+        installed transformers' name for it (``CACHE``)."""
+        past = {} if cache is None else {CACHE: cache}
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **past,
+        )
+        return out[CACHE], out.logits[:, -1, :]
 
     def _finish_reason(self, row: _Row) -> str | None:
         if row.token_ids[-1] in self.stop_ids:
