@@ -5,9 +5,13 @@ sessions, over HTTP against the same engine pool driven without HTTP; then serve
     python bench/server.py [--env textworld] [--seconds 20] [--episodes 1000] [--json out.json]
 
 The server runs as a separate process (`agentgym serve`), as in production; the load
-generator is this process (one event loop on uvloop, as the servers run, and the async
-client), and its CPU use is reported, as is the server process's own CPU per HTTP step
-(its engine workers' not included: what HTTP, routing and the IPC cost). "In-process" is
+generator is this process (one event loop on uvloop, as the servers run), and its CPU use
+is reported, as is the server process's own CPU per HTTP step
+(its engine workers' not included: what HTTP, routing and the IPC cost). HTTP is measured
+twice: through the product's ``AsyncEnvClient`` (aiohttp), and through a lean load
+generator (pre-encoded requests on raw keep-alive connections, as wrk-style tools send),
+since on a 2-core host the load generator's own CPU comes out of the engines' cores and the
+client's share of the gap is not the server's. "In-process" is
 the same engine pool the server uses (its engine worker processes for textworld, built
 the same way by ``engine_host``) driven by the same number
 of concurrent callers through the session manager, without HTTP. Throughput and latency
@@ -24,11 +28,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
+import re
 import statistics
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
+from urllib.parse import urlsplit
 
 import psutil
 import uvloop
@@ -42,6 +50,7 @@ from agentgym.servers.sessions import Session, SessionManager
 ENDLESS = {"max_turns": 100_000}
 """The longest turn limit the servers accept: episodes that never end within a run."""
 ACTIONS = ("look", "inventory")
+CONTENT_LENGTH = re.compile(rb"(?i)\r\ncontent-length: *(\d+)")
 
 
 @dataclass
@@ -129,27 +138,70 @@ def cpu_seconds(pid: int | None = None) -> float:
     return times.user + times.system
 
 
-async def over_http(url: str, task_ids: list[str], sessions: int, seconds: float) -> Figures:
-    """Open ``sessions`` sessions first, then step them all concurrently for ``seconds``."""
+class RawConnection:
+    """The lean load generator: one keep-alive HTTP/1.1 connection to a session's step
+    route, the two requests encoded once, each answer read by its Content-Length and
+    checked for 200: about what a wrk-style tool costs per request, a fraction of aiohttp's
+    request machinery."""
+
+    def __init__(self, url: str, session_id: str) -> None:
+        self.address = urlsplit(url)
+        body = {action: json.dumps({"action": action}).encode() for action in ACTIONS}
+        self.requests = {
+            action: (
+                f"POST /sessions/{session_id}/step HTTP/1.1\r\nHost: {self.address.netloc}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+            ).encode()
+            + data
+            for action, data in body.items()
+        }
+
+    async def __aenter__(self) -> RawConnection:
+        self.reader, self.writer = await asyncio.open_connection(self.address.hostname, self.address.port)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.writer.close()
+        await self.writer.wait_closed()
+
+    async def step(self, action: str) -> None:
+        self.writer.write(self.requests[action])
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        length = int(CONTENT_LENGTH.search(head)[1])
+        body = await self.reader.readexactly(length)
+        if not head.startswith(b"HTTP/1.1 200"):
+            status = head.split(b"\r\n", 1)[0].decode()
+            raise RuntimeError(f"step answered {status}: {body[:200]!r}")
+
+
+async def over_http(url: str, task_ids: list[str], sessions: int, seconds: float, lean: bool) -> Figures:
+    """Open ``sessions`` sessions first, then step them all concurrently for ``seconds``:
+    through ``AsyncEnvClient``, or (``lean``) over one :class:`RawConnection` each."""
     latencies: list[float] = []
 
-    async def step_until(client: AsyncEnvClient, session_id: str, deadline: float) -> None:
+    async def step_until(step: Callable[[str], Awaitable[object]], deadline: float) -> None:
         for turn in itertools.count():
             if time.perf_counter() >= deadline:
                 return
             t0 = time.perf_counter()
-            await client.step(session_id, ACTIONS[turn % 2])
+            await step(ACTIONS[turn % 2])
             latencies.append(time.perf_counter() - t0)
 
-    async with AsyncEnvClient(url, max_connections=sessions) as client:
+    async with AsyncEnvClient(url, max_connections=sessions) as client, contextlib.AsyncExitStack() as stack:
         created = await asyncio.gather(
             *(client.create(task_ids[i % len(task_ids)], options=ENDLESS) for i in range(sessions))
         )
+        if lean:
+            connections = [await stack.enter_async_context(RawConnection(url, c.session_id)) for c in created]
+            steppers = [connection.step for connection in connections]
+        else:
+            steppers = [functools.partial(client.step, c.session_id) for c in created]
         start = time.perf_counter()
-        await asyncio.gather(*(step_until(client, c.session_id, start + seconds) for c in created))
+        await asyncio.gather(*(step_until(step, start + seconds) for step in steppers))
         elapsed = time.perf_counter() - start
+        await stack.aclose()
         await asyncio.gather(*(client.delete(c.session_id) for c in created))
-    return figures("http", sessions, latencies, elapsed)
+    return figures("http, lean load generator" if lean else "http", sessions, latencies, elapsed)
 
 
 async def episodes_rss(url: str, pid: int, task_ids: list[str], episodes: int, concurrency: int = 8) -> dict:
@@ -215,19 +267,26 @@ def main() -> None:
         rows = []
         for sessions in args.sessions:
             local = uvloop.run(in_process(args.env, task_ids, sessions, args.seconds))
-            cpu, server_cpu = cpu_seconds(), cpu_seconds(server.process.pid)
-            remote = uvloop.run(over_http(server.url, task_ids, sessions, args.seconds))
-            client_cpu = (cpu_seconds() - cpu) / remote.seconds
-            server_ms = 1000 * (cpu_seconds(server.process.pid) - server_cpu) / remote.steps
-            rows.append((local, remote))
+            row = [local]
             print(
                 f"{sessions:>3} sessions | in-process {local.steps_per_s:7.1f} steps/s p50 {local.p50_ms:6.2f} ms"
-                f" p99 {local.p99_ms:6.2f} ms | http {remote.steps_per_s:7.1f} steps/s p50 {remote.p50_ms:6.2f}"
-                f" ms p99 {remote.p99_ms:6.2f} ms | http/in-process {remote.steps_per_s / local.steps_per_s:5.1%}"
-                f" | added p50 {remote.p50_ms - local.p50_ms:+.2f} ms | load generator CPU {client_cpu:.0%}"
-                f" | server process CPU {server_ms:.2f} ms/step (workers not included)",
+                f" p99 {local.p99_ms:6.2f} ms",
                 flush=True,
             )
+            for lean in (False, True):
+                cpu, server_cpu = cpu_seconds(), cpu_seconds(server.process.pid)
+                remote = uvloop.run(over_http(server.url, task_ids, sessions, args.seconds, lean))
+                client_cpu = (cpu_seconds() - cpu) / remote.seconds
+                server_ms = 1000 * (cpu_seconds(server.process.pid) - server_cpu) / remote.steps
+                row.append(remote)
+                print(
+                    f"    {remote.mode:<27} {remote.steps_per_s:7.1f} steps/s p50 {remote.p50_ms:6.2f} ms"
+                    f" p99 {remote.p99_ms:6.2f} ms | ÷ in-process {remote.steps_per_s / local.steps_per_s:5.1%}"
+                    f" | added p50 {remote.p50_ms - local.p50_ms:+.2f} ms | load generator CPU {client_cpu:.0%}"
+                    f" | server process CPU {server_ms:.2f} ms/step (workers not included)",
+                    flush=True,
+                )
+            rows.append(row)
         memory = (
             uvloop.run(episodes_rss(server.url, server.process.pid, task_ids, args.episodes))
             if args.episodes
@@ -239,7 +298,7 @@ def main() -> None:
         server.stop()
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"rows": [[asdict(a), asdict(b)] for a, b in rows], "memory": memory}, fh, indent=2)
+            json.dump({"rows": [[asdict(f) for f in row] for row in rows], "memory": memory}, fh, indent=2)
 
 
 async def _test_task_ids(url: str) -> list[str]:
