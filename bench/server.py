@@ -6,17 +6,16 @@ sessions, over HTTP against the same engine pool driven without HTTP; then serve
 
 The server runs as a separate process (`agentgym serve`), as in production; the load
 generator is this process (one event loop on uvloop, as the servers run), and its CPU use
-is reported, as is the server process's own CPU per HTTP step
-(its engine workers' not included: what HTTP, routing and the IPC cost). HTTP is measured
-twice: through the product's ``AsyncEnvClient`` (aiohttp), and through a lean load
-generator (pre-encoded requests on raw keep-alive connections, as wrk-style tools send),
-since on a 2-core host the load generator's own CPU comes out of the engines' cores and the
-client's share of the gap is not the server's. "In-process" is
-the same engine pool the server uses (its engine worker processes for textworld, built
-the same way by ``engine_host``) driven by the same number
-of concurrent callers through the session manager, without HTTP. Throughput and latency
-measure steps alone: each session starts one test task with an unbounded turn limit and
-alternates `look` and `inventory`, real engine steps (the engine recomputes the
+is reported, as is the server process's own CPU per HTTP step (its engine workers' not
+included: what HTTP, routing and the IPC cost). HTTP is measured twice: through the
+product's ``AsyncEnvClient`` (aiohttp), and through a lean load generator (pre-encoded
+requests on raw keep-alive connections, as wrk-style tools send), since on a 2-core host
+the load generator's CPU comes out of the engines' cores and the client's share of the
+gap is not the server's. "In-process" is the same engine pool the server uses (its engine
+worker processes for textworld, built the same way by ``engine_host``) driven by the same
+number of concurrent callers through the session manager, without HTTP. Throughput and
+latency measure steps alone: each session starts one test task with an unbounded turn
+limit and alternates `look` and `inventory`, real engine steps (the engine recomputes the
 admissible commands and the expert's plan every turn) that never end the episode, so
 reset cost stays out of the step figures. The RSS check plays whole expert episodes
 (create, play, delete). Figures go to bench/RESULTS.md by hand, with the machine they
