@@ -33,15 +33,10 @@ from agentgym.errors import (
 from agentgym.servers.compat import compat_router
 from agentgym.servers.episodes import play_step, reset_kwargs
 from agentgym.servers.metrics import CONTENT_TYPE, ServerMetrics
-from agentgym.servers.middleware import (
-    BearerTokenMiddleware,
-    BodySizeLimitMiddleware,
-    error_response,
-    unexpected_error_response,
-)
+from agentgym.servers.middleware import error_response, guards, unexpected_error_response
 from agentgym.servers.openenv import openenv_routers
 from agentgym.servers.sessions import EngineHost, SessionManager, ThreadEngines
-from agentgym.servers.step_lane import Step, StepLane
+from agentgym.servers.step_lane import Step, StepLane, is_json_step
 from agentgym.servers.workers import WorkerEngines, default_workers
 from agentgym.wire import (
     CreateSessionRequest,
@@ -124,7 +119,25 @@ def engine_host(config: ServerConfig, catalog: TextEnv) -> EngineHost:
     )
 
 
-def create_app(config: ServerConfig) -> FastAPI:
+class EnvServerApp(FastAPI):
+    """FastAPI, except that the requests :func:`~agentgym.servers.step_lane.is_json_step`
+    accepts (JSON steps) go to ``step_lane`` (the step lane behind the server's guards)
+    instead of through FastAPI's middleware stack; the lane hands every body it does not
+    take to :meth:`through_fastapi`."""
+
+    step_lane: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.step_lane is not None and is_json_step(scope):
+            await self.step_lane(scope, receive, send)
+        else:
+            await self.through_fastapi(scope, receive, send)
+
+    async def through_fastapi(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await super().__call__(scope, receive, send)
+
+
+def create_app(config: ServerConfig) -> EnvServerApp:
     catalog = registry.make(config.env, **config.env_config)
     sessions = SessionManager(
         engine_host(config, catalog),
@@ -143,7 +156,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         await sessions.shutdown()
         catalog.close()
 
-    app = FastAPI(
+    app = EnvServerApp(
         title=f"AgentGym env server: {config.env}",
         version=catalog.version,
         description=catalog.description,
@@ -154,12 +167,12 @@ def create_app(config: ServerConfig) -> FastAPI:
     install_error_handlers(app)
     step = step_function(catalog, sessions, metrics)
     v1 = _v1_router(config, catalog, sessions, metrics, step)
-    step_route = next(route for route in v1.routes if getattr(route, "path", None) == STEP_ROUTE)
-    app.add_middleware(StepLane, step=step, route=step_route, result_type=StepResult)  # innermost
     app.add_middleware(MetricsMiddleware, metrics=metrics)
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_body_bytes)
-    if config.token:
-        app.add_middleware(BearerTokenMiddleware, token=config.token)
+    lane: ASGIApp = StepLane(app.through_fastapi, step, STEP_ROUTE, StepResult, metrics)
+    for middleware, options in reversed(guards(config.max_body_bytes, config.token)):  # innermost first
+        app.add_middleware(middleware, **options)
+        lane = middleware(lane, **options)
+    app.step_lane = lane
     app.include_router(v1)
     app.include_router(compat_router(catalog, sessions))
     for router in openenv_routers(catalog, sessions, metrics, config.max_body_bytes):

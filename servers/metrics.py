@@ -7,6 +7,7 @@ never share counters.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -32,6 +33,9 @@ class ServerMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=self.registry,
         )
+        self._request_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        """Each label set's counter and histogram: route templates, standard methods and
+        statuses, a bounded set."""
         self.episodes = Counter(
             "agentgym_episodes_finished",
             "Episodes that ended, by outcome",
@@ -66,8 +70,13 @@ class ServerMetrics:
         gauge.labels(**labels).set_function(read)
 
     def observe(self, route: str, method: str, status: int, seconds: float) -> None:
-        self.requests.labels(route, method, str(status)).inc()
-        self.latency.labels(route).observe(seconds)
+        key = (route, method, status)
+        children = self._request_children.get(key)
+        if children is None:  # prometheus_client's labels() checks and locks on every call
+            children = self.requests.labels(route, method, str(status)), self.latency.labels(route)
+            self._request_children[key] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
     def episode_finished(self, terminated: bool, success: bool) -> None:
         outcome = "success" if success else ("failure" if terminated else "truncated")

@@ -11,6 +11,7 @@ import contextlib
 import hmac
 import json
 import logging
+from typing import Any
 from urllib.parse import parse_qs
 
 from starlette.responses import JSONResponse
@@ -109,14 +110,12 @@ class BodySizeLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        too_large = PayloadTooLarge(f"request body exceeds {self.max_bytes} bytes")
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await send_error(send, too_large)
-            return
-        first = await self._read_body(receive)
+        first = None
+        if declared is None or not declared.isdigit() or int(declared) <= self.max_bytes:
+            first = await self._read_body(receive)
         if first is None:
-            await send_error(send, too_large)
+            await send_error(send, PayloadTooLarge(f"request body exceeds {self.max_bytes} bytes"))
             return
         await self.app(scope, replay(first, receive), send)
 
@@ -135,6 +134,16 @@ class BodySizeLimitMiddleware:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+
+def guards(max_bytes: int, token: str | None) -> list[tuple[type, dict[str, Any]]]:
+    """The checks every request of an env server passes before anything reads its body,
+    outermost first, as (ASGI middleware class, its options): the bearer token when the
+    server has one, then the body size."""
+    chain: list[tuple[type, dict[str, Any]]] = [(BodySizeLimitMiddleware, {"max_bytes": max_bytes})]
+    if token:
+        chain.insert(0, (BearerTokenMiddleware, {"token": token}))
+    return chain
 
 
 def replay(first: Message, receive: Receive) -> Receive:

@@ -172,7 +172,14 @@ def test_a_chunked_body_over_the_limit_is_413(choice_url: str) -> None:
             "/sessions", content=chunks(65 * 1024), headers={"content-type": "application/json"}
         )
         assert response.status_code == 413 and response.json()["error"]["code"] == "payload_too_large"
-        assert http.post("/sessions", json={}).status_code == 201
+        session_id = http.post("/sessions", json={}).json()["session_id"]
+        # A JSON step takes the step lane, which FastAPI's stack never sees: the limit holds there too.
+        for body in (chunks(65 * 1024), json.dumps({"action": "a" * 65 * 1024})):
+            step = http.post(
+                f"/sessions/{session_id}/step", content=body, headers={"content-type": "application/json"}
+            )
+            assert step.status_code == 413 and step.json()["error"]["code"] == "payload_too_large"
+        assert http.post(f"/sessions/{session_id}/step", json={"action": "look"}).status_code == 200
 
 
 def test_made_up_methods_are_405_and_add_no_metric_labels(choice_url: str) -> None:
@@ -230,3 +237,11 @@ def test_the_bearer_scheme_is_case_insensitive() -> None:
             assert response.status_code == 200, scheme
         for header in ("bearer wrong", "Basic s3cret", "s3cret", "Bearers3cret"):
             assert httpx.get(f"{url}/metadata", headers={"authorization": header}).status_code == 401
+        # The step lane answers JSON steps before FastAPI's stack, behind the same token check.
+        created = httpx.post(f"{url}/sessions", json={}, headers={"authorization": "Bearer s3cret"}).json()
+        step = f"{url}/sessions/{created['session_id']}/step"
+        assert httpx.post(step, json={"action": "look"}).status_code == 401
+        assert (
+            httpx.post(step, json={"action": "look"}, headers={"authorization": "bearer s3cret"}).status_code
+            == 200
+        )
