@@ -3,9 +3,9 @@
 per-request machinery. :class:`~agentgym.servers.app.EnvServerApp` hands such a request to
 the lane before FastAPI's middleware stack (error and telemetry wrappers, then ours), behind
 only the guards of :func:`~agentgym.servers.middleware.guards` (bearer token, body size).
-That stack and the route's dependency solving and body validation cost about half of the
-server's CPU per step (bench/RESULTS.md, issue 18); on 2 cores that CPU is taken from the
-engines.
+The route's dependency solving and body validation cost about a third of the server's CPU
+per step, and the middleware stack about a fifth of what was left (bench/RESULTS.md, issue
+18); on 2 cores that CPU is taken from the engines.
 
 Any other step request (another content type, a body that is not exactly one string
 ``action``, JSON the parser refuses) goes on, body and all, to the whole app, so every
