@@ -16,6 +16,7 @@ import torch
 from conftest import all_records, run_metrics
 from typer.testing import CliRunner, Result
 
+from agentgym.agents import shown_order
 from agentgym.cli import app
 from agentgym.client import EnvClient
 from agentgym.policies.base import Generation, GenerationRequest, SamplingParams
@@ -52,7 +53,7 @@ def test_the_policy_sees_the_valid_commands_on_every_observation_but_the_last(te
         client.delete(created.session_id)
     shown = play(textworld_url, ExpertPolicy(), HOUSE, show_actions=True, max_turns=3)
     observations = [m["content"] for m in shown.messages if m["role"] == "user"]
-    assert observations[0].endswith("Valid commands: " + " | ".join(valid))
+    assert observations[0].endswith("Valid commands: " + " | ".join(shown_order(created.observation, valid)))
     assert len(observations) == 4 and all("\n\nValid commands: " in o for o in observations[:-1])
     assert "Valid commands" not in observations[-1]  # the env truncated the episode there
 
@@ -62,6 +63,16 @@ def test_the_policy_sees_the_valid_commands_on_every_observation_but_the_last(te
 
     plain = play(textworld_url, ExpertPolicy(), HOUSE, max_turns=3)
     assert not any("Valid commands" in m["content"] for m in plain.messages)
+
+
+def test_the_order_of_the_valid_commands_is_fixed_per_state_but_not_alphabetical() -> None:
+    """A cloned small model learns positions in a list it always sees sorted (bench/RESULTS.md)."""
+    commands = [f"go {way}" for way in ("east", "north", "south", "west")] + ["take coin", "take key"]
+    orders = [shown_order(f"You are in room {n}.", commands) for n in range(40)]
+    assert all(sorted(order) == commands for order in orders)
+    assert shown_order("You are in room 0.", commands[::-1]) == orders[0]  # the env's order plays no part
+    assert len({order[0] for order in orders}) == len(commands)  # every command is listed first somewhere
+    assert sum(order == commands for order in orders) <= 1
 
 
 def test_an_episode_ends_with_context_full_before_a_reply_could_overflow(textworld_url: str) -> None:

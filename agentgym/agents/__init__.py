@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from agentgym.agents.base import AgentFormat, ParsedReply
 from agentgym.agents.formats import JsonCallFormat, PlainFormat, ReActFormat
-from agentgym.agents.history import window, with_actions
+from agentgym.agents.history import shown_order, window, with_actions
 
 FORMATS: dict[str, type[AgentFormat]] = {cls.name: cls for cls in (ReActFormat, JsonCallFormat, PlainFormat)}
 DEFAULT_FORMAT = "react"
@@ -30,6 +30,7 @@ __all__ = [
     "PlainFormat",
     "ReActFormat",
     "get_format",
+    "shown_order",
     "window",
     "with_actions",
 ]

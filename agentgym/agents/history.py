@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 from agentgym.policies.base import Message
@@ -22,12 +23,26 @@ def window(messages: list[Message], history_turns: int | None) -> list[Message]:
     return head + turns[max(0, len(turns) - 2 * history_turns) :]
 
 
+def shown_order(observation: str, actions: Sequence[str]) -> list[str]:
+    """``actions`` in the order the policy sees them: sorted by a hash of the observation and
+    the command, so the order is fixed for a state but carries no meaning. In the env's
+    alphabetical order a cloned SmolLM2-135M learned positions ("go east" and "take latchkey"
+    come first) instead of reading the goal; in this order the default textworld run's RL
+    phase gained +11.5 points held-out where it had gained +5.2 (bench/RESULTS.md)."""
+    return sorted(actions, key=lambda action: _digest(f"{observation}\n{action}"))
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.md5(text.encode(), usedforsecurity=False).digest()
+
+
 def with_actions(observation: str, actions: Sequence[str] | None) -> str:
-    """``observation`` followed by the env's valid commands, one line; unchanged when the env
-    reports none. Showing them turns guessing a command's wording into choosing one, which a
-    small model learns from a few demonstrations (docs/rollout.md)."""
+    """``observation`` followed by the env's valid commands (in ``shown_order``), one line;
+    unchanged when the env reports none. Showing them turns guessing a command's wording into
+    choosing one, which a small model learns from a few demonstrations (docs/rollout.md)."""
     if not actions:
         return observation
+    actions = shown_order(observation, actions)
     shown = " | ".join(actions[:MAX_SHOWN_ACTIONS])
     if len(actions) > MAX_SHOWN_ACTIONS:
         shown += f" | ... ({len(actions) - MAX_SHOWN_ACTIONS} more)"
