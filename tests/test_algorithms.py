@@ -153,52 +153,58 @@ def test_gradient_flows_only_through_unclipped_tokens() -> None:
     assert torch.allclose(logp.grad, T([[-0.5 / 3, -1.0 / 3, 0.0]]), atol=1e-6)
 
 
-def test_positive_share_counts_only_gradient_carrying_tokens() -> None:
-    # bounds [0.6, 1.2]:  A=+1 r=1.0 -> P 1.0 | A=+1 r=2.0 clipped | A=-1 r=0.5 clipped
-    #                      A=-1 r=1.0 -> N 1.0 | A=-2 r=0.8 -> N 1.6   => rho = 1 / (1 + 2.6)
+def test_positive_share_counts_clipped_tokens_at_their_clipped_value() -> None:
+    # Eq. 8 at [0.6, 1.2], each token at min(r·A, clip(r)·A):
+    #   A=+1 r=1.0 -> P 1.0 | A=+1 r=2.0 -> P 1.2 (clipped) | A=-1 r=0.5 -> N 0.6 (held at c_low)
+    #   A=-1 r=1.0 -> N 1.0 | A=-2 r=0.8 -> N 1.6          => rho = 2.2 / (2.2 + 3.2)
     ratio = T([[1.0, 2.0, 0.5, 1.0, 0.8]])
     adv = T([[1.0, 1.0, -1.0, -1.0, -2.0]])
     rho = positive_share(ratio, adv, torch.ones(1, 5), 0.6, 1.2)
-    assert rho.item() == pytest.approx(1 / 3.6, abs=1e-6)
+    assert rho.item() == pytest.approx(2.2 / 5.4, abs=1e-6)
     masked = positive_share(ratio, adv, T([[1, 1, 1, 0, 0]]), 0.6, 1.2)  # only agent tokens count
-    assert masked.item() == pytest.approx(1.0)
+    assert masked.item() == pytest.approx(2.2 / 2.8, abs=1e-6)
 
 
-def test_bapo_raises_c_high_until_rho_reaches_target() -> None:
-    # A=+1 r=1.0 (P 1) | A=+1 r=1.43 (clipped until c_high >= 1.43) | A=-1 r=1.0 (N 1) | A=-1 r=0.7 (N 0.7)
-    # start rho = 1/2.7 = 0.37 < 0.5; c_high 1.25, 1.30, 1.35, 1.40, 1.45 admits r=1.43:
-    # rho = 2.43 / 4.13 = 0.588 >= 0.5 -> stop at c_high = 1.45, c_low untouched.
-    logp, old = ratios_to_logps([1.0, 1.43, 1.0, 0.7])
-    adv = T([[1.0, 1.0, -1.0, -1.0]])
-    c_low, c_high, rho = bapo_bounds(logp, old, adv, torch.ones(1, 4), BapoConfig(rho0=0.5))
-    assert c_low == pytest.approx(0.6)
-    assert c_high == pytest.approx(1.45)
-    assert rho == pytest.approx(2.43 / 4.13, abs=1e-5)
+def test_bapo_keeps_bounds_when_the_clipped_positive_share_reaches_target() -> None:
+    # (A=+1, r=2.0), (A=-1, r=1.0): at [0.6, 1.2], rho = 1.2 / (1.2 + 1.0) = 0.5454... >= 0.4.
+    # Counting the clipped token as 0 would give rho = 0 and push c_high up to 2.0, letting
+    # through the very token the trust region exists to hold.
+    logp, old = ratios_to_logps([2.0, 1.0])
+    search = bapo_bounds(logp, old, T([[1.0, -1.0]]), torch.ones(1, 2))
+    assert (search.low, search.high) == (0.6, 1.2)
+    assert search.rho == pytest.approx(1.2 / 2.2, abs=1e-6)
+    assert (search.steps, search.outcome) == (0, "reached")
 
 
-def test_bapo_then_raises_c_low_when_c_high_is_exhausted() -> None:
-    # A=+1 r=1.0 (P 1) | A=-1 r=1.0 (N 1) | A=-1 r=0.75 (N 0.75 until c_low > 0.75); b+ = 1.3.
-    # Raising c_high to 1.3 admits nothing; then c_low 0.62 ... 0.76 drops r=0.75: rho = 1/2 -> stop.
+def test_bapo_raises_c_high_by_exact_steps_until_rho_reaches_target() -> None:
+    # (+1, r 1.5), (-1, r 1.0), (-1, r 1.0): rho = c_high / (c_high + 2) for c_high <= 1.5:
+    # 1.2 -> 0.375, 1.25 -> 0.3846, 1.30 -> 0.3939, 1.35 -> 0.4030 >= 0.4: three raises.
+    logp, old = ratios_to_logps([1.5, 1.0, 1.0])
+    search = bapo_bounds(logp, old, T([[1.0, -1.0, -1.0]]), torch.ones(1, 3))
+    assert (search.low, search.high) == (0.6, 1.35)
+    assert search.rho == pytest.approx(1.35 / 3.35, abs=1e-6)
+    assert (search.steps, search.outcome) == (3, "reached")
+
+
+def test_bapo_search_saturates_because_raising_c_low_cannot_raise_rho() -> None:
+    # (+1, r 1.0), (-1, r 1.0), (-1, r 0.75), b+ = 1.3: no positive token is clipped, so c_high
+    # admits nothing (2 raises to 1.3); c_low then climbs 0.6 -> 0.9 (15 raises) and only makes
+    # the held negative weigh more (0.75 -> 0.9): rho ends at 1 / (1 + 1 + 0.9), short of 0.5.
     logp, old = ratios_to_logps([1.0, 1.0, 0.75])
-    adv = T([[1.0, -1.0, -1.0]])
-    c_low, c_high, rho = bapo_bounds(logp, old, adv, torch.ones(1, 3), BapoConfig(rho0=0.5, high_max=1.3))
-    assert (c_low, c_high) == (pytest.approx(0.76), pytest.approx(1.3))
-    assert rho == pytest.approx(0.5, abs=1e-6)
+    search = bapo_bounds(
+        logp, old, T([[1.0, -1.0, -1.0]]), torch.ones(1, 3), BapoConfig(rho0=0.5, high_max=1.3)
+    )
+    assert (search.low, search.high) == (0.9, 1.3)
+    assert search.rho == pytest.approx(1 / 2.9, abs=1e-6)
+    assert (search.steps, search.outcome) == (17, "saturated")
 
 
-def test_bapo_stops_when_both_bounds_are_exhausted() -> None:
-    # A=-1 r=0.95 stays active for any c_low <= b- = 0.9: rho stuck at 1/2.95 -> bounds end at (b-, b+).
-    logp, old = ratios_to_logps([1.0, 1.0, 0.95])
-    adv = T([[1.0, -1.0, -1.0]])
-    c_low, c_high, rho = bapo_bounds(logp, old, adv, torch.ones(1, 3), BapoConfig(rho0=0.5, high_max=1.3))
-    assert (c_low, c_high) == (pytest.approx(0.9), pytest.approx(1.3))
-    assert rho == pytest.approx(1 / 2.95, abs=1e-5)
-
-
-def test_bapo_keeps_start_bounds_when_balanced() -> None:
-    logp, old = ratios_to_logps([1.0, 1.0])
-    c_low, c_high, rho = bapo_bounds(logp, old, T([[1.0, -0.5]]), torch.ones(1, 2))
-    assert (c_low, c_high) == (0.6, 1.2) and rho == pytest.approx(1 / 1.5)
+def test_bapo_runs_no_search_when_every_ratio_is_one() -> None:
+    # Sampled by the current weights: rho = 1 / 3 < 0.4, but no bound can change the loss.
+    logp, old = ratios_to_logps([1.0, 1.0, 1.0])
+    search = bapo_bounds(logp, old, T([[1.0, -1.0, -1.0]]), torch.ones(1, 3))
+    assert (search.low, search.high, search.steps, search.outcome) == (0.6, 1.2, 0, "on-policy")
+    assert search.rho == pytest.approx(1 / 3, abs=1e-6)
 
 
 def test_horizon_schedules() -> None:

@@ -73,7 +73,10 @@ def test_each_algorithm_trains_in_each_mode_within_the_staleness_bound(
             assert deviation < 1e-3  # on-policy: π_θ = π_behaviour up to float error
         else:
             assert deviation > 1e-3  # one update later the ratio moved off 1
-        if algo == "bapo":
+        if algo == "bapo" and step - 1 == behaviour:  # every ratio is 1: no search, none logged
+            assert update["bapo_search"] == "on-policy" and "clip_high" not in update
+        elif algo == "bapo":
+            assert update["bapo_search"] in ("reached", "saturated")
             assert 0.6 <= update["clip_low"] <= 0.9 and 1.2 <= update["clip_high"] <= 3.0
         else:
             assert (update["clip_low"], update["clip_high"]) == (0.8, 1.2)

@@ -56,7 +56,9 @@ def test_two_processes_give_the_losses_of_one(tiny_model_dir: Path, tmp_path: Pa
         assert two["loss"] == pytest.approx(one["loss"], rel=1e-4), (one, two)
     rl = double[-1]
     assert rl["phase"] == "rl" and rl["episodes"] == SETTINGS["tasks_per_step"] * SETTINGS["group_size"]
-    assert rl["clip_high"] >= 1.0 and 0.0 <= rl["positive_share"] <= 1.0
+    # One minibatch, sampled by the current weights: every ratio is 1, so BAPO searched nothing.
+    assert rl["bapo_search"] == {"on-policy": 1} and "clip_high" not in rl
+    assert 0.0 <= rl["positive_share"] <= 1.0
     rollouts = (tmp_path / "two" / "rollouts" / "step-000003.jsonl").read_text().splitlines()
     assert len(rollouts) == SETTINGS["tasks_per_step"] * SETTINGS["group_size"]  # both ranks' episodes
     assert (tmp_path / "two" / "checkpoints" / "latest").exists()

@@ -20,6 +20,7 @@ import psutil
 import pytest
 from conftest import run_metrics, untrained_evaluation
 
+from agentgym.trainers.algorithms import SEARCH_OUTCOMES
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.loop import Trainer
 
@@ -61,8 +62,10 @@ def test_policy_learns_the_one_turn_task_from_reward_alone(algo: str, tmp_path: 
     assert last["eval_success_rate"] >= (0.9 if algo == "bapo" else 0.75)
     assert last["eval_success_rate"] > untrained_evaluation(run)["eval_success_rate"]
     if algo == "bapo":
-        bounds = [(u["clip_low"], u["clip_high"], u["positive_share"]) for r in history for u in r["updates"]]
-        assert all(0.6 <= low <= 0.9 and 1.2 <= high <= 3.0 for low, high, _ in bounds)
+        updates = [u for r in history for u in r["updates"]]
+        assert {u["bapo_search"] for u in updates} <= set(SEARCH_OUTCOMES)
+        searched = [u for u in updates if u["bapo_search"] != "on-policy"]
+        assert all(0.6 <= u["clip_low"] <= 0.9 and 1.2 <= u["clip_high"] <= 3.0 for u in searched)
         assert all("entropy" in u for r in history for u in r["updates"])
 
 

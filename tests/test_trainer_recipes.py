@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from agentgym.cli import app
 from agentgym.policies.hf import HFPolicy
-from agentgym.trainers.algorithms import clipped_surrogate
+from agentgym.trainers.algorithms import SEARCH_OUTCOMES, clipped_surrogate
 from agentgym.trainers.batch import collate
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.distributed import DataParallel
@@ -66,21 +66,26 @@ def test_every_registered_algorithm_runs_an_rl_step_with_its_papers_defaults(
     saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
     history = run_metrics(tmp_path)
     assert history[-1]["phase"] != "bc" and len(history) == 1
-    expected = {  # (c_high, dynamic sampling, aggregation, dual clip) per the papers
-        "dapo": (0.28, True, "token-mean", 0.0),
-        "dr-grpo": (0.2, False, "seq-sum-norm", 0.0),
-        "bapo": (0.2, False, "token-mean", 3.0),
-    }.get(algo, (0.2, False, "token-mean", 0.0))
+    expected = {  # (c_high, dynamic sampling, aggregation, dual clip, KL) per the papers
+        "grpo": (0.2, False, "seq-mean", 0.0, 0.04),
+        "dapo": (0.28, True, "token-mean", 0.0, 0.0),
+        "dr-grpo": (0.2, False, "seq-sum-norm", 0.0, 0.0),
+        "bapo": (0.2, False, "token-mean", 3.0, 0.0),
+        "critique-rl": (0.2, False, "token-mean", 0.0, 0.01),
+    }.get(algo, (0.2, False, "token-mean", 0.0, 0.0))
     actual = (
         saved["clip"]["eps_high"],
         saved["dynamic_sampling"],
         saved["loss_aggregation"],
         saved["dual_clip"],
+        saved["kl_coef"],
     )
     assert actual == expected
     for update in history[0]["updates"] if PRESETS[algo].recipe == "rl" else []:
         if algo == "bapo":
-            assert 1.2 <= update["clip_high"] <= 3.0 and 0.6 <= update["clip_low"] <= 0.9
+            assert update["bapo_search"] in SEARCH_OUTCOMES
+            if update["bapo_search"] != "on-policy":
+                assert 1.2 <= update["clip_high"] <= 3.0 and 0.6 <= update["clip_low"] <= 0.9
         else:
             assert update["clip_high"] == pytest.approx(1 + expected[0])
     if algo == "agentevol":  # zero-reward explored episodes are left out, not averaged in as zeros

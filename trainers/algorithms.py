@@ -191,9 +191,12 @@ def clip_fractions(ratio: Tensor, advantages: Tensor, mask: Tensor, c_low: float
 
 def balance(ratio: Tensor, advantages: Tensor, mask: Tensor, c_low: float, c_high: float) -> Tensor:
     """``[P, N]`` of :func:`positive_share`, as sums (so parts add up over micro-batches)."""
-    active = torch.where(advantages >= 0, ratio <= c_high, ratio >= c_low) & mask.bool()
-    contribution = (ratio * advantages).where(active, torch.zeros_like(ratio))
-    return torch.stack([contribution.clamp(min=0).sum(), (-contribution).clamp(min=0).sum()])
+    agent = mask.bool()
+    value = torch.minimum(ratio * advantages, ratio.clamp(c_low, c_high) * advantages)
+    zero = torch.zeros_like(value)
+    positive = value.where(agent & (advantages > 0), zero).sum()
+    negative = (-value).where(agent & (advantages < 0), zero).sum()
+    return torch.stack([positive, negative])
 
 
 def positive_share(
@@ -204,12 +207,16 @@ def positive_share(
     c_high: float,
     reduce: Callable[[Tensor], Tensor] | None = None,
 ) -> Tensor:
-    """ρ = P/(P+N) over the tokens that carry gradient: ``P = Σ r·A`` over A>0 with
-    ``r ≤ c_high``, ``N = Σ r·|A|`` over A<0 with ``r ≥ c_low``. Clipped tokens (A>0 above
-    c_high, A<0 below c_low) get no gradient, so they count for neither side; that is why
-    raising c_high (admitting positives) and raising c_low (dropping negatives) both raise ρ.
-    ``reduce`` sums ``[P, N]`` over data-parallel ranks, so each rank's share of a minibatch
-    gives the ρ of the whole minibatch.
+    """BAPO's Eq. 8: ρ = P/(P+N), each agent token at its clipped value
+    ``v = min(r·A, clip(r, c_low, c_high)·A)``: ``P = Σ v`` over A>0, ``N = Σ |v|`` over
+    A<0. A clipped token counts at its clipped value, not 0 (it carries no gradient, but
+    it is still part of the objective). Read literally the paper's denominator is a signed
+    sum; P + N (both as magnitudes) is the reading that keeps ρ a share in [0, 1].
+
+    Only c_high moves ρ up: admitting a positive token with r > c_high raises P. Raising
+    c_low only raises N (a negative token held at c_low counts ``c_low·|A|``).
+    ``reduce`` sums ``[P, N]`` over data-parallel ranks, so each rank's share of a
+    minibatch gives the ρ of the whole minibatch.
     """
     sums = balance(ratio, advantages, mask, c_low, c_high)
     positive, negative = reduce(sums) if reduce is not None else sums
@@ -219,10 +226,13 @@ def positive_share(
 
 # ----- BAPO ------------------------------------------------------------------------------
 
+RATIO_NOISE = 1e-3
+"""Ratios within this of 1 count as 1: the weights that sampled the tokens score them."""
+
 
 @dataclass(frozen=True)
 class BapoConfig:
-    """BAPO's bound search (arXiv 2510.18927); defaults are the paper's."""
+    """BAPO's bound search (arXiv 2510.18927); defaults are the paper's (§5.1)."""
 
     rho0: float = 0.4
     """Target positive share ρ0 of the clipped objective, ρ = P/(P+N)."""
@@ -253,6 +263,29 @@ class BapoConfig:
             raise ValueError("; ".join(problems))
 
 
+SEARCH_OUTCOMES = ("reached", "saturated", "on-policy")
+"""How a BAPO search ended: ρ0 reached; both bounds at their ceilings short of ρ0; or not
+run, because every ratio is 1 (no bound can change the loss)."""
+
+
+@dataclass(frozen=True)
+class BapoSearch:
+    """The bounds one BAPO search chose, the ρ they give, and how it got there."""
+
+    low: float
+    high: float
+    rho: float
+    steps: int
+    """Bound raises taken (c_high's and c_low's together)."""
+    outcome: str
+    """One of :data:`SEARCH_OUTCOMES`."""
+
+
+def _raised(start: float, step: float, times: int, ceiling: float) -> float:
+    # From the start each time, not by repeated addition: 1.2 + 3·0.05 is 1.35, not 1.3500000000000003.
+    return min(round(start + times * step, 10), ceiling)
+
+
 def bapo_bounds(
     logp: Tensor,
     old_logp: Tensor,
@@ -260,28 +293,47 @@ def bapo_bounds(
     mask: Tensor,
     config: BapoConfig = BapoConfig(),
     reduce: Callable[[Tensor], Tensor] | None = None,
-) -> tuple[float, float, float]:
-    """Search ``(c_low, c_high)`` for one update; returns them and the reached ρ.
-
-    From ``(a⁻, a⁺)``: while ρ < ρ0, raise c_high by δ1 (admitting more positive tokens
-    whose ratio grew) until b⁺, then c_low by δ2 (clipping more negative tokens whose ratio
-    fell) until b⁻. Stops at the first bounds that reach ρ0, or when both are exhausted.
+) -> BapoSearch:
+    """BAPO's Algorithm 1 for one update: from ``(a⁻, a⁺)``, while ρ < ρ0 raise c_high by
+    δ1 until b⁺, then c_low by δ2 until b⁻. Stops at the first bounds that reach ρ0
+    (``reached``) or at ``(b⁻, b⁺)`` short of it (``saturated``). Under Eq. 8 raising
+    c_low cannot raise ρ (:func:`positive_share`), so a search that exhausts c_high ends
+    saturated; the order is the paper's, kept as written. When every agent token's ratio is
+    1 (the minibatch was sampled by the current weights) no bound can change the loss, so
+    no search runs: the start bounds, ``on-policy``.
     """
     if advantages.dim() == 1:
         advantages = advantages[:, None].expand_as(logp)
+    total = reduce if reduce is not None else (lambda sums: sums)
     with torch.no_grad():
         ratio = importance_ratio(logp, old_logp)
-        c_low, c_high = config.low_start, config.high_start
-        rho = float(positive_share(ratio, advantages, mask, c_low, c_high, reduce))
+
+        def share(raises_high: int, raises_low: int) -> float:
+            c_low = _raised(config.low_start, config.low_step, raises_low, config.low_max)
+            c_high = _raised(config.high_start, config.high_step, raises_high, config.high_max)
+            return float(positive_share(ratio, advantages, mask, c_low, c_high, reduce))
+
+        off_policy = ((ratio - 1).abs() > RATIO_NOISE) & mask.bool()
+        high, low, rho = 0, 0, share(0, 0)
+        if float(total(off_policy.sum().float()[None])[0]) == 0:
+            return BapoSearch(config.low_start, config.high_start, rho, 0, "on-policy")
+        outcome = "reached"
         while rho < config.rho0:
-            if c_high < config.high_max - 1e-9:
-                c_high = min(c_high + config.high_step, config.high_max)
-            elif c_low < config.low_max - 1e-9:
-                c_low = min(c_low + config.low_step, config.low_max)
+            if _raised(config.high_start, config.high_step, high, config.high_max) < config.high_max:
+                high += 1
+            elif _raised(config.low_start, config.low_step, low, config.low_max) < config.low_max:
+                low += 1
             else:
+                outcome = "saturated"
                 break
-            rho = float(positive_share(ratio, advantages, mask, c_low, c_high, reduce))
-    return c_low, c_high, rho
+            rho = share(high, low)
+    return BapoSearch(
+        _raised(config.low_start, config.low_step, low, config.low_max),
+        _raised(config.high_start, config.high_step, high, config.high_max),
+        rho,
+        high + low,
+        outcome,
+    )
 
 
 # ----- AgentEvol ----------------------------------------------------------------------

@@ -105,16 +105,42 @@ def update_policy(
     ``sampled_now``: the current weights sampled all of ``batch`` (until the first step)."""
     config = trainer.config
     updates, tokens, skipped = [], 0, 0
-    for _ in range(config.ppo_epochs):
-        for index in torch.randperm(len(batch)).split(config.minibatch_size):
-            minibatch = trainer.minibatch(batch.select(index))
-            if not kl_coef and not config.entropy_coef:
-                minibatch, dropped = carrying_gradient(minibatch)
-                skipped += dropped
-            tokens += int(minibatch.attention_mask.sum())
-            updates.append(clipped_update(trainer, minibatch, kl_coef, on_policy=sampled_now and not updates))
-    summary = {key: _mean(u[key] for u in updates) for key in updates[0]}
-    return {**summary, "update_tokens": tokens, "skipped_episodes": skipped, "updates": updates}
+    for index in minibatch_order(len(batch), config, trainer.version):
+        minibatch = trainer.minibatch(batch.select(index))
+        if not kl_coef and not config.entropy_coef:
+            minibatch, dropped = carrying_gradient(minibatch)
+            skipped += dropped
+        tokens += int(minibatch.attention_mask.sum())
+        updates.append(clipped_update(trainer, minibatch, kl_coef, on_policy=sampled_now and not updates))
+    return summarize(updates) | {"update_tokens": tokens, "skipped_episodes": skipped, "updates": updates}
+
+
+def minibatch_order(episodes: int, config: Any, version: int) -> list[torch.Tensor]:
+    """Each epoch's shuffled minibatches of episode indices. The shuffle is seeded from the
+    run's seed and the policy version, not torch's global RNG: every data-parallel rank
+    builds the same minibatches (their global RNGs part ways as soon as rank 0 alone
+    evaluates), and a resumed run replays the order it would have taken."""
+    shuffle = torch.Generator().manual_seed(config.seed * 1_000_003 + version)
+    return [
+        index
+        for _ in range(config.ppo_epochs)
+        for index in torch.randperm(episodes, generator=shuffle).split(config.minibatch_size)
+    ]
+
+
+def summarize(updates: list[dict[str, Any]]) -> dict[str, Any]:
+    """A step's figures over its updates: each number's mean over the updates that have it,
+    and how each BAPO search ended (``bapo_search``: outcome -> updates)."""
+    keys = dict.fromkeys(key for update in updates for key in update)
+    summary: dict[str, Any] = {}
+    for key in keys:
+        values = [u[key] for u in updates if isinstance(u.get(key), int | float)]
+        if values:
+            summary[key] = _mean(values)
+    outcomes = [u["bapo_search"] for u in updates if "bapo_search" in u]
+    if outcomes:
+        summary["bapo_search"] = {o: outcomes.count(o) for o in dict.fromkeys(outcomes)}
+    return summary
 
 
 def carrying_gradient(minibatch: TokenBatch) -> tuple[TokenBatch, int]:
@@ -165,17 +191,8 @@ def clipped_update(
         sums
     ).tolist()
     entropy = weighted_entropy / weight if weight else 0.0
-    rho = (
-        bounds.rho
-        if bounds.rho is not None
-        else positive / (positive + negative)
-        if positive + negative
-        else 1.0
-    )
     return {
-        "clip_low": bounds.low,
-        "clip_high": bounds.high,
-        "positive_share": rho,
+        **bound_figures(bounds, positive, negative),
         "clip_frac_low": held_low / max(tokens, 1),
         "clip_frac_high": held_high / max(tokens, 1),
         "approx_kl": logp_drop / max(tokens, 1),
@@ -183,6 +200,20 @@ def clipped_update(
         **_ratio_figures(trainer.dp.gather(ratios)),
         "loss": loss,
     }
+
+
+def bound_figures(bounds: Bounds, positive: float, negative: float) -> dict[str, Any]:
+    """The clip bounds an update used and ρ (Eq. 8) under them; with BAPO, how its search
+    ended and in how many raises. An on-policy BAPO update searched nothing, so its bounds
+    are left out of the step's curve (they could not have acted)."""
+    rho = positive / (positive + negative) if positive + negative else 1.0
+    search = bounds.search
+    if search is None:
+        return {"clip_low": bounds.low, "clip_high": bounds.high, "positive_share": rho}
+    figures = {"positive_share": search.rho, "bapo_search": search.outcome, "bapo_search_steps": search.steps}
+    if search.outcome == "on-policy":
+        return figures
+    return {"clip_low": bounds.low, "clip_high": bounds.high, **figures}
 
 
 def update_sums(
@@ -310,21 +341,27 @@ class ClippedRL:
         )
         return solved
 
-    def evaluate(self, step: int) -> dict[str, Any]:
-        """Greedy success on the first ``eval_tasks`` test tasks at ``eval_horizon``: the
-        rate, and each task's outcome (for the before/after comparison, ``heldout.py``).
-        The episodes are kept in ``rollouts/eval/step-N.jsonl`` (the viewer lists them
-        beside the training episodes)."""
+    def evaluate(self, step: int, split: str = "test") -> dict[str, Any]:
+        """Greedy success at ``eval_horizon`` on the first ``eval_tasks`` test tasks (the
+        before/after panel, ``eval_*`` keys) or the first ``val_tasks`` validation tasks
+        (``split="validation"``, ``val_*`` keys): the rate, and each task's outcome (for the
+        before/after comparison, ``heldout.py``). The episodes are kept in
+        ``rollouts/eval/step-N.jsonl`` or ``rollouts/validation/step-N.jsonl`` (the viewer
+        lists them beside the training episodes)."""
         trainer, config = self.trainer, self.trainer.config
-        specs = [EpisodeSpec(t, split="test") for t in trainer.test_tasks[: config.eval_tasks]]
-        episodes = self.play_greedy(step, specs, config.eval_horizon, "eval")
+        if split == "validation":
+            tasks, prefix, folder = trainer.validation_tasks[: config.val_tasks], "val", "validation"
+        else:
+            tasks, prefix, folder = trainer.test_tasks[: config.eval_tasks], "eval", "eval"
+        specs = [EpisodeSpec(t, split=split) for t in tasks]
+        episodes = self.play_greedy(step, specs, config.eval_horizon, folder)
         outcomes = {e.task_id: float(e.success) for e in episodes}
         stats = rollout_stats(episodes)
         return {
-            "eval_success_rate": _mean(outcomes.values()),
-            "eval_invalid_share": stats["invalid_share"],
-            "eval_context_full": stats["context_full"],
-            "eval_outcomes": outcomes,
+            f"{prefix}_success_rate": _mean(outcomes.values()),
+            f"{prefix}_invalid_share": stats["invalid_share"],
+            f"{prefix}_context_full": stats["context_full"],
+            f"{prefix}_outcomes": outcomes,
         }
 
     def play_greedy(

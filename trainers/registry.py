@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from agentgym.trainers.algorithms import (
+    BapoSearch,
     bapo_bounds,
     discounted_returns,
     grpo_advantages,
@@ -108,8 +109,8 @@ class Prepass:
 class Bounds:
     low: float
     high: float
-    rho: float | None = None
-    """BAPO: the positive share its search reached over the whole minibatch (all ranks)."""
+    search: BapoSearch | None = None
+    """BAPO: how its search over the whole minibatch (all ranks) ended, and the ρ reached."""
 
 
 ClipRule = Callable[[Any, Callable[[], Prepass]], Bounds]
@@ -124,10 +125,8 @@ def fixed_bounds(config: Any, prepass: Callable[[], Prepass]) -> Bounds:
 def bapo_search(config: Any, prepass: Callable[[], Prepass]) -> Bounds:
     """BAPO: bounds searched on the whole minibatch under the current weights."""
     data = prepass()
-    low, high, rho = bapo_bounds(
-        data.logp, data.old_logp, data.advantages, data.mask, config.bapo, data.reduce
-    )
-    return Bounds(low, high, rho)
+    search = bapo_bounds(data.logp, data.old_logp, data.advantages, data.mask, config.bapo, data.reduce)
+    return Bounds(search.low, search.high, search)
 
 
 CLIP_RULES: dict[str, ClipRule] = {"fixed": fixed_bounds, "bapo": bapo_search}
@@ -152,7 +151,12 @@ PRESETS: dict[str, Preset] = {
         clip_rule="bapo",
         defaults={"dual_clip": 3.0},
     ),
-    "grpo": Preset("GRPO: group-normalised outcome advantages, PPO clip 0.2", "rl"),
+    "grpo": Preset(
+        "GRPO (arXiv 2402.03300): group-normalised outcome advantages, PPO clip 0.2, "
+        "per-episode mean of token losses, KL 0.04 to the policy at the start of RL",
+        "rl",
+        defaults={"loss_aggregation": "seq-mean", "kl_coef": 0.04},
+    ),
     "dapo": Preset(
         "DAPO (arXiv 2503.14476): clip-higher 0.28, dynamic sampling that refills the batch, token mean",
         "rl",
