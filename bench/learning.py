@@ -21,15 +21,21 @@ RL, behaviour cloning continued for as long as the same seed's first RL arm spen
 (its wall time over a BC step's), so the table shows whether RL beats more imitation.
 Every arm is evaluated on the same frozen test tasks, greedily, at the same horizon.
 
-The table: held-out success after behaviour cloning and at the end (pooled over task x seed, 95% interval, and each
-seed's), the gain over ``bc-continued`` paired over task x seed (an interval holding 0
-means the difference is inside the noise), train success at the last RL step, the token
-entropy of the last update, and mean wall time per run.
+The table: held-out success after behaviour cloning and at the end (over task x seed, 95%
+interval, and each seed's), the gain over ``bc-continued`` paired per task within each seed
+(an interval holding 0 means the difference is inside the noise) and its per-episode
+interval, train success at the last RL step, the token entropy of the last update, and mean
+wall time per run. The 95% intervals are the wider of the per-seed t over seeds and the task
+x seed cluster bootstrap (``trainers/heldout.py``, ``docs/protocol.md``); the per-episode one
+pools every task x seed as independent and is secondary. The table is also written to
+``--out/<env>/table.txt``, with ``manifest.json`` beside it (``trainers/manifest.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import io
+import json
 import shutil
 import subprocess
 import sys
@@ -40,12 +46,18 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from agentgym.trainers import heldout
+from agentgym.policies.models import converted_folder
+from agentgym.trainers import heldout, manifest
 from agentgym.trainers.checkpoint import MetricsLog
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.config_files import env_layer
 
 BC_ARM = "bc-continued"
+TABLE_FILE = "table.txt"
+CAPTION = (
+    "95% intervals: the wider of the per-seed t over seeds and the task x seed cluster bootstrap "
+    "(one seed: tasks only, seed variance not in it); per-episode: pooled as independent, secondary"
+)
 START = "_bc-start"
 """The folder of each seed's behaviour-cloning run, which every arm starts from."""
 ARMS: dict[str, dict[str, Any]] = {
@@ -127,7 +139,11 @@ def cloned_start(root: Path, seed: int, shared: dict[str, Any]) -> Path:
 def fork(start: Path, folder: Path, config: TrainConfig) -> None:
     """``folder`` becomes a copy of the cloning run ``start`` with ``config``: resuming it
     continues from the last cloning checkpoint under the arm's settings."""
-    shutil.copytree(start, folder, ignore=shutil.ignore_patterns("heldout.json", "curves.png", "tensorboard"))
+    shutil.copytree(
+        start,
+        folder,
+        ignore=shutil.ignore_patterns("heldout.json", "manifest.json", "curves.png", "tensorboard"),
+    )
     config.save(folder / "config.yaml")
 
 
@@ -168,9 +184,24 @@ def extra_bc_steps(root: Path, arms: list[str], seed: int) -> int:
 
 
 def report(root: Path, arms: list[str], seeds: list[int]) -> None:
-    table = Table(title=f"held-out success on {root.name} (greedy, frozen test tasks), % [95% interval]")
+    """Print the table; write it to ``root/table.txt``, with ``root/manifest.json`` beside it."""
+    table = build_table(root, arms, seeds)
+    console.print(table)
+    if root.is_dir():
+        text = Console(width=200, record=True, file=io.StringIO())
+        text.print(table)
+        (root / TABLE_FILE).write_text(text.export_text())
+        manifest.write_manifest(root, bench_manifest(root, arms, seeds))
+
+
+def build_table(root: Path, arms: list[str], seeds: list[int]) -> Table:
+    """The table of every arm's finished runs under ``root``."""
+    table = Table(
+        title=f"held-out success on {root.name} (greedy, frozen test tasks), % [95% interval]",
+        caption=CAPTION,
+    )
     columns = ["arm", "seeds", "after BC", "held-out at end", "per seed", f"vs {BC_ARM} (paired)"]
-    columns += ["train success", "entropy", "step time/run"]
+    columns += ["per-episode", "train success", "entropy", "step time/run"]
     for column in columns:
         table.add_column(column)
     reference = {s: _final_outcomes(run_dir(root, BC_ARM, s)) for s in seeds}
@@ -180,19 +211,17 @@ def report(root: Path, arms: list[str], seeds: list[int]) -> None:
             table.add_row(arm, "0", "not run yet", *[""] * (len(columns) - 3))
             continue
         table.add_row(arm, str(len(done)), *arm_figures(root, arm, done, reference))
-    console.print(table)
+    return table
 
 
 def arm_figures(root: Path, arm: str, seeds: list[int], reference: dict[int, dict[str, float]]) -> list[str]:
     outcomes = {s: _final_outcomes(run_dir(root, arm, s)) for s in seeds}
-    pooled = heldout.mean_interval([v for s in seeds for v in outcomes[s].values()])
-    before = [
-        v for s in seeds for v in heldout.outcomes_by_phase(_records(run_dir(root, arm, s)))[0].values()
-    ]
-    after_bc = heldout.mean_interval(before).points() if before and arm != BC_ARM else ""
+    at_end = heldout.summarise(list(outcomes.values()))
+    before = [heldout.outcomes_by_phase(_records(run_dir(root, arm, s)))[0] for s in seeds]
+    after_bc = heldout.summarise(before).points() if any(before) and arm != BC_ARM else ""
     per_seed = ", ".join(f"{100 * sum(o.values()) / len(o):.0f}" for o in outcomes.values())
     pairs = [(reference[s], outcomes[s]) for s in seeds if reference.get(s)]
-    versus = heldout.compare(pairs).gain.points() if pairs and arm != BC_ARM else ""
+    versus = heldout.compare(pairs).gain if pairs and arm != BC_ARM else None
     last_rl = [
         next((r for r in reversed(_records(run_dir(root, arm, s))) if r["phase"] == "rl"), {}) for s in seeds
     ]
@@ -201,13 +230,34 @@ def arm_figures(root: Path, arm: str, seeds: list[int], reference: dict[int, dic
     wall = _mean_of(sum(r["step_s"] for r in _records(run_dir(root, arm, s))) for s in seeds)
     return [
         after_bc,
-        pooled.points(),
+        at_end.points(),
         per_seed,
-        versus,
+        "" if versus is None else versus.points(),
+        "" if versus is None else versus.per_episode.points(),
         "" if train is None else f"{100 * train:.0f}",
         "" if entropy is None else f"{entropy:.3f}",
         "" if wall is None else f"{wall / 60:.1f} min",
     ]
+
+
+def bench_manifest(root: Path, arms: list[str], seeds: list[int]) -> dict[str, Any]:
+    """The manifest of the table: the test tasks and seeds of the finished runs, the model's
+    sha256 (from the runs' own manifests, else the local model folder the config names), the
+    generator, and each arm's config as its first finished run saved it."""
+    folders = [run_dir(root, arm, s) for arm in arms for s in seeds if finished(run_dir(root, arm, s))]
+    configs = {folder.parent.name: _config(folder) for folder in reversed(folders)}  # the first seed wins
+    tasks = sorted({task for folder in folders for task in _final_outcomes(folder)})
+    hashes = {_run_manifest(folder).get("model_sha256") for folder in folders} - {None}
+    if not hashes:
+        hashes = {_spec_sha256(str(c["model"])) for c in configs.values() if c.get("model")} - {None}
+    generators = sorted({str(c["generator"]) for c in configs.values() if c.get("generator")})
+    return manifest.build_manifest(
+        tasks=tasks,
+        seeds=sorted({int(folder.name.removeprefix("seed-")) for folder in folders}),
+        model_sha256=hashes.pop() if len(hashes) == 1 else None,  # None: no model, or runs disagree
+        generator=", ".join(generators) or None,
+        config={arm: configs[arm] for arm in arms if arm in configs},
+    )
 
 
 def _final_outcomes(folder: Path) -> dict[str, float]:
@@ -215,6 +265,24 @@ def _final_outcomes(folder: Path) -> dict[str, float]:
     if not finished(folder):
         return {}
     return next((r["eval_outcomes"] for r in reversed(_records(folder)) if r.get("eval_outcomes")), {})
+
+
+def _config(folder: Path) -> dict[str, Any]:
+    return yaml.safe_load((folder / "config.yaml").read_text()) or {}
+
+
+def _run_manifest(folder: Path) -> dict[str, Any]:
+    try:
+        return json.loads((folder / manifest.MANIFEST_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _spec_sha256(spec: str) -> str | None:
+    """The sha256 of the local model folder ``spec`` names (an alias or ``.gguf`` already
+    converted, or a Hugging Face folder); None for anything else. Converts nothing."""
+    folder = converted_folder(spec) or Path(spec)
+    return manifest.model_sha256(folder) if (folder / "config.json").is_file() else None
 
 
 def _records(folder: Path) -> list[dict[str, Any]]:

@@ -124,11 +124,11 @@ def test_before_after_pairs_outcomes_per_task_with_a_hand_computed_interval() ->
     result = heldout.compare([(before, after)])
     assert (result.after_bc.mean, result.after_rl.mean, result.gain.mean) == (0.25, 0.75, 0.5)
     half = 1.959964 * math.sqrt(1 / 3) / 2  # differences 1, 0, 1, 0: sd sqrt(1/3), n = 4
-    assert result.gain.low == pytest.approx(0.5 - half, abs=1e-5)
+    assert result.gain.per_episode.low == pytest.approx(0.5 - half, abs=1e-5)
     # Intervals stay within what the mean can take: 0.5 + 0.57 is cut at a gain of 1, and
     # the rates 0.25 ± 0.49 and 0.75 ± 0.49 at 0 and 1.
-    assert 0.5 + half > 1 and result.gain.high == 1.0
-    assert (result.after_bc.low, result.after_rl.high) == (0.0, 1.0)
+    assert 0.5 + half > 1 and result.gain.per_episode.high == 1.0
+    assert (result.after_bc.per_episode.low, result.after_rl.per_episode.high) == (0.0, 1.0)
     pooled = heldout.compare([(before, after), ({"a": 1.0}, {"a": 0.0})])  # a second seed
     assert pooled.gain.n == 5 and pooled.gain.mean == pytest.approx(0.2)
 
