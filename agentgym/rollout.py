@@ -395,7 +395,9 @@ class Episode:
             return self.ctx.agent.render(call["action"], " ".join(generation.text.split()) or None)
         if generation.token_ids is None or generation.logprobs is None:
             raise EpisodeError("generation", "a token-level policy returned no token ids or log-probs")
-        self.tokens.add_generation(generation.token_ids, generation.logprobs, generation.versions)
+        self.tokens.add_generation(
+            generation.token_ids, generation.logprobs, generation.versions, generation.choices
+        )
         # What the model wrote is what its tokens say, never a re-tokenized string.
         return self.tokens.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
 
@@ -435,6 +437,7 @@ class Episode:
             loss_mask=tokens.loss_mask if tokens else None,
             logprobs=tokens.logprobs if tokens else None,
             versions=tokens.versions if tokens else None,
+            reply_choices=tokens.reply_choices if tokens and any(tokens.reply_choices) else None,
             rewards=self.rewards,
             actions=self.actions,
             score=float(self.info.get("score", 0.0)),

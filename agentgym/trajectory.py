@@ -59,6 +59,11 @@ class Trajectory:
     """The policy version that sampled each token (-1 on tokens not sampled, and on sampled
     tokens when the backend does not know); same length as ``token_ids``. Records written
     before this field existed read as ``None``."""
+    reply_choices: list[list[list[int]]] | None = None
+    """One entry per agent turn (run of loss-mask 1 tokens): the token sequences a
+    constrained reply was allowed to become, [] for a free reply. ``logprobs`` of a
+    constrained turn are under that mask, and a learner scores the turn under it too.
+    ``None``: no turn was constrained, or a record written before this field existed."""
     rewards: list[float] = field(default_factory=list)
     """One per turn; 0.0 for a turn whose reply did not parse (the env was not stepped)."""
     actions: list[str | None] = field(default_factory=list)

@@ -50,6 +50,7 @@ def arrow_schema(timing_keys: list[str]) -> Any:
         "loss_mask": pa.list_(pa.int8()),
         "logprobs": pa.list_(pa.float64()),
         "versions": pa.list_(pa.int64()),
+        "reply_choices": pa.list_(pa.list_(pa.list_(pa.int64()))),
         "rewards": pa.list_(pa.float64()),
         "actions": pa.list_(pa.string()),
         "score": pa.float64(),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import math
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -276,7 +277,7 @@ def test_greedy_rows_report_temperature_one_logprobs() -> None:
     assert logprobs[1].item() == pytest.approx(expected)
 
 
-def test_allowed_tokens_bound_the_draw_but_not_the_recorded_logprob() -> None:
+def test_allowed_tokens_bound_the_draw_and_the_recorded_logprob_is_the_masked_one() -> None:
     logits = torch.tensor([[5.0, 1.0, 0.0, -1.0]] * 3)
     allowed = torch.tensor([[False, True, True, False]] * 3)
     greedy = torch.tensor([0.0, 1.0, 1.0])
@@ -285,8 +286,10 @@ def test_allowed_tokens_bound_the_draw_but_not_the_recorded_logprob() -> None:
         tokens, logprobs = sample_next(logits, greedy, torch.ones(3), generators, allowed)
         assert tokens[0].item() == 1  # the likeliest allowed token, not the likeliest token
         assert set(tokens.tolist()) <= {1, 2}
-        model = torch.log_softmax(logits[0], -1)
-        assert logprobs.tolist() == pytest.approx(model[tokens].tolist())
+        # The distribution drawn from: the model's renormalised over tokens 1 and 2.
+        masked = {1: 1.0 - math.log(math.e + 1.0), 2: -math.log(math.e + 1.0)}
+        assert logprobs.tolist() == pytest.approx([masked[t] for t in tokens.tolist()])
+        assert logprobs[0].item() > torch.log_softmax(logits[0], -1)[1].item() + 1  # not the model's own
 
 
 async def test_choices_constrain_the_reply_to_one_of_them(policy: HFPolicy) -> None:
@@ -305,10 +308,13 @@ async def test_choices_constrain_the_reply_to_one_of_them(policy: HFPolicy) -> N
             *policy.tokenizer.encode(reply.text, add_special_tokens=False),
             reply.token_ids[-1],
         ]
+        assert reply.token_ids in reply.choices and len(reply.choices) == len(choices)
         rescored = policy.logprobs_of(
             policy.prompt_ids(request.messages), reply.token_ids, sampling.temperature
         )
-        assert rescored == pytest.approx(reply.logprobs, abs=1e-4)  # the model's own log-probs
+        # Under the mask: never below the model's own log-prob, above it where choices were cut off.
+        assert all(m >= f - 1e-4 for m, f in zip(reply.logprobs, rescored, strict=True))
+        assert reply.logprobs[0] > rescored[0]
 
 
 # ----- expert, factory, optional backends ------------------------------------------------------

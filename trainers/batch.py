@@ -32,6 +32,9 @@ class TokenBatch:
     token_weight: Tensor
     """[B, T] each agent token's weight in its minibatch's loss (:meth:`weighted`), so that
     summing ``w·loss`` over micro-batches and ranks gives the minibatch's loss exactly."""
+    allowed: Tensor
+    """[B, T, K] the token ids a constrained reply could have drawn at each agent token,
+    padded with -1; all -1 where the token was drawn from the whole vocabulary."""
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -90,7 +93,9 @@ def collate(
     """Right-pad trajectory records into a batch. ``token_ids``, ``loss_mask`` and ``logprobs``
     have equal length (the trajectory format); ``logprobs`` matter on agent tokens only.
     Records without them (demonstrations) get zeros, which only behaviour cloning may use.
-    ``advantages``: per episode, a number or one per agent turn (:func:`per_token`)."""
+    ``advantages``: per episode, a number or one per agent turn (:func:`per_token`).
+    ``reply_choices`` (optional, one entry per agent turn) give each constrained token the
+    ids it was drawn among (:func:`allowed_tokens`)."""
     length = max(len(t["token_ids"]) for t in trajectories)
     batch = len(trajectories)
     input_ids = torch.full((batch, length), pad_id, dtype=torch.long)
@@ -109,7 +114,38 @@ def collate(
             if len(logprobs) != n:
                 raise ValueError("a trajectory's logprobs must have one entry per token (0 off agent tokens)")
             old_logp[row, :n] = torch.tensor(logprobs, dtype=torch.float) * mask
-    return TokenBatch(input_ids, attention, loss_mask, old_logp, token_advantages, torch.zeros(batch, length))
+    allowed = [allowed_tokens(r["token_ids"], r["loss_mask"], r.get("reply_choices")) for r in trajectories]
+    width = max((len(ids) for rows in allowed for ids in rows.values()), default=1)
+    allowed_ids = torch.full((batch, length, width), -1, dtype=torch.long)
+    for row, positions in enumerate(allowed):
+        for position, ids in positions.items():
+            allowed_ids[row, position, : len(ids)] = torch.tensor(ids)
+    weights = torch.zeros(batch, length)
+    return TokenBatch(input_ids, attention, loss_mask, old_logp, token_advantages, weights, allowed_ids)
+
+
+def allowed_tokens(
+    token_ids: Sequence[int],
+    loss_mask: Sequence[int],
+    reply_choices: Sequence[Sequence[Sequence[int]]] | None,
+) -> dict[int, list[int]]:
+    """Position -> the sorted token ids a constrained reply could draw there: the next
+    tokens of the turn's choices that agree with the reply so far (as the sampler masked
+    them). Free turns and records without ``reply_choices`` have none."""
+    if not reply_choices:
+        return {}
+    starts = [i for i in range(len(loss_mask)) if _turn_starts(loss_mask, i)]
+    if len(starts) != len(reply_choices):
+        raise ValueError(f"{len(reply_choices)} reply_choices entries for {len(starts)} agent turns")
+    allowed: dict[int, list[int]] = {}
+    for start, choices in zip(starts, reply_choices, strict=True):
+        live, position = [list(c) for c in choices], start
+        while live and position < len(loss_mask) and loss_mask[position]:
+            offset = position - start
+            allowed[position] = sorted({c[offset] for c in live if len(c) > offset})
+            live = [c for c in live if len(c) > offset and c[offset] == token_ids[position]]
+            position += 1
+    return allowed
 
 
 def token_logprobs(
@@ -120,9 +156,15 @@ def token_logprobs(
     positions: Tensor | None = None,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    allowed: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token ``log π(x_t | x_<t)`` at ``temperature`` (and π's entropy there), aligned
     with ``input_ids``; 0 where not computed.
+
+    ``allowed`` ([B, T, K] ids, -1 padded: :attr:`TokenBatch.allowed`) masks constrained
+    tokens: π there is the model's distribution renormalised over the allowed ids, the
+    distribution the sampler drew from, so log-probs, ratios and entropy are the acting
+    policy's.
 
     ``positions`` ([B, T], e.g. the loss mask) limits the work to those tokens: the output
     layer and the softmax over the vocabulary (49k entries for SmolLM2, the largest tensor
@@ -139,12 +181,29 @@ def token_logprobs(
     logits = model.get_output_embeddings()(hidden).float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
+    kept = None if allowed is None else vocabulary_mask(allowed[:, 1:][wanted], logits.shape[-1])
+    if kept is not None:
+        logits = logits.masked_fill(~kept, float("-inf"))
     logp_all = torch.log_softmax(logits, dim=-1)
     picked = logp_all.gather(-1, input_ids[:, 1:][wanted][:, None]).squeeze(-1)
     logp = torch.zeros(input_ids.shape, dtype=picked.dtype, device=picked.device)
     logp[:, 1:][wanted] = picked
     if not with_entropy:
         return logp, None
+    finite = logp_all if kept is None else logp_all.masked_fill(~kept, 0.0)  # 0·(-inf) is nan
     entropy = torch.zeros_like(logp)
-    entropy[:, 1:][wanted] = -(logp_all.exp() * logp_all).sum(-1)
+    entropy[:, 1:][wanted] = -(logp_all.exp() * finite).sum(-1)
     return logp, entropy
+
+
+def vocabulary_mask(allowed: Tensor, vocabulary: int) -> Tensor | None:
+    """``[N, V]`` bool from ``[N, K]`` allowed ids (-1 padded): every id of a row without
+    any (a free token), only its ids otherwise; None when no row is constrained."""
+    constrained = (allowed >= 0).any(-1)
+    if not bool(constrained.any()):
+        return None
+    mask = torch.ones(allowed.shape[0], vocabulary, dtype=torch.bool, device=allowed.device)
+    mask[constrained] = False
+    rows, slots = (allowed >= 0).nonzero(as_tuple=True)
+    mask[rows, allowed[rows, slots]] = True
+    return mask

@@ -65,6 +65,7 @@ class Learner:
             positions=batch.loss_mask,
             temperature=self.config.temperature if temperature is None else temperature,
             with_entropy=with_entropy,
+            allowed=batch.allowed,
         )
 
     def reference_logprobs(self, micro: TokenBatch) -> Tensor:

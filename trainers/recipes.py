@@ -72,6 +72,7 @@ def token_record(trajectory: Trajectory) -> dict[str, Any]:
         "token_ids": trajectory.token_ids,
         "loss_mask": trajectory.loss_mask,
         "logprobs": trajectory.logprobs,
+        "reply_choices": trajectory.reply_choices,
     }
 
 

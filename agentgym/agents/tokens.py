@@ -87,8 +87,10 @@ class TokenContext:
     """The token sequence of one episode: ``ids``, ``loss_mask`` (1 on generated tokens),
     ``logprobs`` (the behaviour log-prob on generated tokens, 0.0 elsewhere) and
     ``versions`` (the policy weights version that sampled each generated token, -1
-    elsewhere and where the backend does not know), always of equal length. ``ids`` is
-    exactly the context of the next generation."""
+    elsewhere and where the backend does not know), always of equal length; and
+    ``reply_choices``, one entry per agent turn: the token sequences a constrained reply
+    was allowed to become ([] for a free reply). ``ids`` is exactly the context of the
+    next generation."""
 
     def __init__(self, tokenizer: Any, system: str, first_observation: str) -> None:
         self.tokenizer = tokenizer
@@ -97,16 +99,22 @@ class TokenContext:
         self.loss_mask: list[int] = [0] * len(self.ids)
         self.logprobs: list[float] = [0.0] * len(self.ids)
         self.versions: list[int] = [NOT_SAMPLED] * len(self.ids)
+        self.reply_choices: list[list[list[int]]] = []
         self.generated_tokens = 0
         self._last_generated: int | None = None
         self._checkpoint = (2, len(self.ids))
         """(messages, ids) at the last point where ids == a render ending in a generation prompt."""
 
     def add_generation(
-        self, token_ids: list[int], logprobs: list[float], versions: list[int] | None = None
+        self,
+        token_ids: list[int],
+        logprobs: list[float],
+        versions: list[int] | None = None,
+        choices: list[list[int]] | None = None,
     ) -> None:
-        """Append sampled tokens with their behaviour log-probs and weights versions
-        (``None``: unknown, recorded as -1)."""
+        """Append one reply's sampled tokens with their behaviour log-probs, weights versions
+        (``None``: unknown, recorded as -1) and the replies it was constrained to (``None``:
+        a free reply)."""
         if len(token_ids) != len(logprobs):
             raise ValueError(f"{len(token_ids)} generated tokens but {len(logprobs)} log-probs")
         if versions is not None and len(versions) != len(token_ids):
@@ -117,6 +125,7 @@ class TokenContext:
         self.versions += (
             [int(v) for v in versions] if versions is not None else [NOT_SAMPLED] * len(token_ids)
         )
+        self.reply_choices.append([list(choice) for choice in choices or ()])
         self.generated_tokens += len(token_ids)
         self._last_generated = token_ids[-1] if token_ids else None
 

@@ -54,6 +54,9 @@ class Generation:
     """``stop`` (end-of-turn or a stop string) or ``length`` (hit ``max_new_tokens``)."""
     versions: list[int] | None = None
     """One policy weights version per sampled token (``None``: the backend does not know)."""
+    choices: list[list[int]] | None = None
+    """Constrained replies: the token sequences the reply was allowed to become (each
+    ending with a stop id); ``logprobs`` are then under that mask. ``None``: a free reply."""
     tool_call: dict[str, str] | None = None
     """Text backends that acted through an OpenAI tool call: ``{"name", "arguments", "action"}``
     (``arguments`` as the JSON string the API sends, ``action`` the env command it stands for;

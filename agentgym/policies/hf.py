@@ -105,11 +105,15 @@ class HFPolicy:
     async def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Generation]:
         """Answer every request (same order). Each request joins the live batch on its own,
         so concurrent calls share forwards and a short reply returns as soon as it ends."""
+        choices = [self._choices(request) for request in requests]
         futures = [
-            self._batcher.submit(self._checked_prompt(request), sampling, self._choices(request))
-            for request in requests
+            self._batcher.submit(self._checked_prompt(request), sampling, allowed)
+            for request, allowed in zip(requests, choices, strict=True)
         ]
-        return list(await asyncio.gather(*(asyncio.wrap_future(future) for future in futures)))
+        replies = await asyncio.gather(*(asyncio.wrap_future(future) for future in futures))
+        for reply, allowed in zip(replies, choices, strict=True):
+            reply.choices = allowed
+        return list(replies)
 
     def _choices(self, request: GenerationRequest) -> list[list[int]] | None:
         """``info["reply_choices"]`` (the only replies allowed, as text) as token sequences."""

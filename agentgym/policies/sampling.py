@@ -26,9 +26,10 @@ def sample_next(
         generators: one per row; ``None`` uses torch's global generator.
         allowed: ``[B, V]`` bool, or None (every token): the tokens a row may draw. The
             draw is from the model's distribution renormalised over them (greedy: the
-            likeliest of them); the log-prob recorded is still the model's own, which is
-            what a learner recomputes from the same logits, so the importance ratio of an
-            on-policy token stays 1.
+            likeliest of them), and the log-prob recorded is that of the renormalised
+            distribution: constrained decoding is action masking, and the learner scores
+            the token under the same mask (``trainers/batch.py``), so the policy it
+            trains is the one that acted.
 
     Returns:
         ``(tokens [B] long, logprobs [B] float32)``.
@@ -43,7 +44,7 @@ def sample_next(
         best_of = logits.masked_fill(~allowed, float("-inf"))
     drawn = _draw(nucleus(choice.exp(), top_p.to(logits)), generators)
     tokens = torch.where(greedy.to(logits.device), best_of.argmax(dim=-1), drawn)
-    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+    return tokens, choice.gather(-1, tokens[:, None]).squeeze(-1)
 
 
 def nucleus(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,92 @@
+"""Constrained decoding is action masking: the policy that acted is the policy trained.
+
+A reply constrained to a few commands is drawn from the model's distribution renormalised
+over the tokens that keep it on one of them. Its recorded behaviour log-probs are those of
+that distribution (checked by hand from the model's logits), and the learner, given the
+turn's choices from the trajectory, scores the same tokens under the same mask.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentgym.policies.base import GenerationRequest, SamplingParams
+from agentgym.policies.hf import HFPolicy
+from agentgym.trainers.batch import allowed_tokens, collate
+from agentgym.trainers.config import TrainConfig
+from agentgym.trainers.distributed import DataParallel
+from agentgym.trainers.learner import Learner
+
+COMMANDS = ["go north", "go east", "take the rusty key", "open door"]
+
+
+def by_hand(model: torch.nn.Module, prompt: list[int], reply: list[int], choices: list[list[int]]):
+    """Per reply token: (log-prob over the allowed next tokens, over the whole vocabulary)."""
+    masked, free, live = [], [], choices
+    for j, token in enumerate(reply):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt + reply[:j]])).logits[0, -1].float()
+        allowed = sorted({c[j] for c in live})
+        masked.append(float(logits[token] - torch.logsumexp(logits[allowed], dim=0)))
+        free.append(float(torch.log_softmax(logits, dim=0)[token]))
+        live = [c for c in live if c[j] == token]
+    return masked, free
+
+
+def test_behaviour_and_learner_log_probs_are_those_of_the_masked_distribution(tiny_model_dir: Path) -> None:
+    torch.manual_seed(0)
+    policy = HFPolicy(str(tiny_model_dir))
+    learner = Learner(TrainConfig(model=str(tiny_model_dir), temperature=1.0), policy, DataParallel())
+    messages = [{"role": "system", "content": "Play."}, {"role": "user", "content": "You are in a hall."}]
+    request = GenerationRequest(messages, policy.prompt_ids(messages), info={"reply_choices": COMMANDS})
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=16, seed=5)
+    (reply,) = asyncio.run(policy.generate([request], sampling))
+    assert reply.choices and reply.token_ids in reply.choices  # one of the allowed replies, whole
+    prompt = request.prompt_ids
+    masked, free = by_hand(policy.model, prompt, reply.token_ids, reply.choices)
+    assert reply.logprobs == pytest.approx(masked, abs=1e-4)
+    # The first token's allowed set leaves out most of the vocabulary's mass.
+    assert reply.logprobs[0] > free[0] + 0.1
+
+    record = {
+        "token_ids": prompt + reply.token_ids,
+        "loss_mask": [0] * len(prompt) + [1] * len(reply.token_ids),
+        "logprobs": [0.0] * len(prompt) + reply.logprobs,
+        "reply_choices": [reply.choices],
+    }
+    batch = collate([record], [1.0], pad_id=0)
+    with torch.no_grad():
+        logp, entropy = learner.logprobs(batch, with_entropy=True)
+    agent = batch.loss_mask[0].bool()
+    assert logp[0][agent].tolist() == pytest.approx(reply.logprobs, abs=1e-4)  # ratio 1 at the same weights
+    assert torch.exp(logp[0][agent] - batch.old_logp[0][agent]).tolist() == pytest.approx(
+        [1.0] * int(agent.sum()), abs=1e-3
+    )
+    # Entropy of the masked distribution: at most log(allowed ids), 0 where one id is left.
+    sizes = [
+        len(ids)
+        for _, ids in sorted(
+            allowed_tokens(record["token_ids"], record["loss_mask"], [reply.choices]).items()
+        )
+    ]
+    for h, size in zip(entropy[0][agent].tolist(), sizes, strict=True):
+        assert -1e-5 <= h <= torch.log(torch.tensor(float(size))).item() + 1e-5
+
+    free_record = {**record, "reply_choices": None}  # scored without the mask: the model's own
+    with torch.no_grad():
+        unmasked, _ = learner.logprobs(collate([free_record], [1.0], pad_id=0))
+    assert unmasked[0][agent].tolist() == pytest.approx(free, abs=1e-4)
+
+
+def test_allowed_tokens_follow_the_reply_through_its_choices() -> None:
+    # Turn 1 (positions 2-4) chose [7, 8, 2] among [7, 8, 2], [7, 9, 2], [6, 2]; turn 2 was free.
+    allowed = allowed_tokens(
+        [1, 1, 7, 8, 2, 1, 5, 2], [0, 0, 1, 1, 1, 0, 1, 1], [[[7, 8, 2], [7, 9, 2], [6, 2]], []]
+    )
+    assert allowed == {2: [6, 7], 3: [8, 9], 4: [2]}
+    with pytest.raises(ValueError, match="agent turns"):
+        allowed_tokens([1, 7, 2], [0, 1, 1], [[], []])
