@@ -687,7 +687,7 @@ def _families_table(results: dict[str, Any]) -> Table:
 def evaluate_policy(
     env: Annotated[str, typer.Option(help="Environment to evaluate on (see `agentgym envs`).")],
     policy: PolicyOpt = "hf",
-    split: Annotated[str, typer.Option(help="Task split.")] = "test",
+    split: Annotated[str, typer.Option(help="Task split: train, validation (or dev) or test.")] = "test",
     model: ModelOpt = None,
     base_url: BaseUrlOpt = None,
     api_key: ApiKeyOpt = None,
@@ -897,7 +897,7 @@ def collect(
     env: Annotated[str, typer.Option(help="Environment to play (see `agentgym envs`).")],
     out: Annotated[Path, typer.Option(help="Dataset file to write (JSONL; replaced).")],
     policy: PolicyOpt = "expert",
-    split: Annotated[str, typer.Option(help="Task split.")] = "train",
+    split: Annotated[str, typer.Option(help="Task split: train, validation (or dev) or test.")] = "train",
     output_format: Annotated[
         str, typer.Option("--format", help="trajectory (our records) or agentgym (AgentGym conversations).")
     ] = "trajectory",

@@ -23,16 +23,40 @@ from __future__ import annotations
 
 import abc
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from agentgym.errors import EpisodeOver, UnknownTask
 from agentgym.inputs import MAX_ACTION_CHARS, ActionRules, check_common_options, clean_action
 
-__all__ = ["MAX_ACTION_CHARS", "WEB_PREFIX", "ActionRules", "Task", "TaskListsMixin", "TextEnv", "Transition"]
+__all__ = [
+    "MAX_ACTION_CHARS",
+    "SPLIT_ALIASES",
+    "WEB_PREFIX",
+    "ActionRules",
+    "Task",
+    "TaskListsMixin",
+    "TextEnv",
+    "Transition",
+    "resolve_split",
+]
 WEB_PREFIX = "/site"
 """Where servers mount an environment's :meth:`TextEnv.web_router` (its own web pages)."""
+
+SPLIT_ALIASES = {"dev": "validation"}
+"""Other names of a split, accepted wherever a split is named: ScienceWorld called its
+validation split ``dev`` before agentgym named it ``validation``."""
+
+
+def resolve_split(split: str, names: Collection[str]) -> str:
+    """The name among ``names`` (an env's splits) of ``split``: itself when listed, else the
+    listed name it is an alias of or that is an alias of it (``dev`` <-> ``validation``),
+    else ``split`` unchanged (callers then report it as unknown)."""
+    if split in names:
+        return split
+    canonical = SPLIT_ALIASES.get(split, split)
+    return next((name for name in names if SPLIT_ALIASES.get(name, name) == canonical), split)
 
 
 @dataclass(frozen=True)
@@ -100,7 +124,8 @@ class TextEnv(abc.ABC):
 
     @abc.abstractmethod
     def tasks(self, split: str) -> list[Task]:
-        """The fixed, ordered task list of ``split`` (raise UnknownTask for a bad split)."""
+        """The fixed, ordered task list of ``split`` (raise UnknownTask for a bad split; accept
+        the names :func:`resolve_split` maps to a split)."""
 
     @abc.abstractmethod
     def instruction(self) -> str:
@@ -257,7 +282,7 @@ class TextEnv(abc.ABC):
     def _choose_task(self, task_id: str | None, seed: int | None, options: dict[str, Any]) -> Task:
         if task_id is not None:
             return self.task(task_id)
-        split = options.get("split", "train")
+        split = resolve_split(options.get("split", "train"), self.splits())
         if split not in self.splits():
             raise UnknownTask(f"unknown split {split!r}; splits are {sorted(self.splits())}")
         if "index" in options:
@@ -305,6 +330,7 @@ class TaskListsMixin:
         return {split: len(tasks) for split, tasks in self._tasks.items()}
 
     def tasks(self, split: str) -> list[Task]:
+        split = resolve_split(split, self._tasks)
         if split not in self._tasks:
             raise UnknownTask(f"unknown split {split!r}; splits are {sorted(self._tasks)}")
         return list(self._tasks[split])

@@ -21,8 +21,9 @@ import yaml
 from agentgym.policies.runs import RUN_CONFIG, RunCheckpoint, find_checkpoint
 from agentgym.trainers.checkpoint import MetricsLog
 
-HELD_OUT_PREFIX = "eval_"
-"""Metrics of the held-out evaluations (``eval_success_rate``, ...)."""
+HELD_OUT_PREFIX = ("val_", "eval_")
+"""Metrics of the held-out evaluations: validation (``val_success_rate``, ...) and the
+test panel of the before/after report (``eval_success_rate``, ...)."""
 
 
 def export_run(run: str | Path, out: str | Path, *, step: int | None = None) -> Path:
@@ -103,7 +104,7 @@ def model_card(checkpoint: RunCheckpoint, source: dict[str, Any]) -> str:
 
 
 def held_out_section(checkpoint: RunCheckpoint) -> list[str]:
-    """The held-out evaluations of the run (``eval_*`` numbers in ``metrics.jsonl``), one
+    """The held-out evaluations of the run (``val_*``, ``eval_*`` numbers in ``metrics.jsonl``), one
     row per evaluated step; the exported step is marked."""
     records = MetricsLog(checkpoint.run / "metrics.jsonl").read()
     rows = [r for r in records if any(k.startswith(HELD_OUT_PREFIX) for k in r)]
@@ -113,7 +114,8 @@ def held_out_section(checkpoint: RunCheckpoint) -> list[str]:
     lines = [
         "## Held-out results",
         "",
-        "Greedy episodes on the first test tasks of the environment, as the trainer measured them.",
+        "Greedy episodes as the trainer measured them: `val_*` on the first validation tasks "
+        "(what chose the best checkpoint), `eval_*` on the first test tasks (before and after training).",
         "",
         "| step | phase | " + " | ".join(names) + " |",
         "| --- | --- | " + " | ".join("---" for _ in names) + " |",

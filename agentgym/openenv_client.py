@@ -7,7 +7,8 @@ taken (``agentgym eval --url ws://host:port``, ``train --set env_url=ws://host:p
 :func:`env_client` picks the client by it. The mapping (docs/openenv.md):
 
 * **Tasks.** OpenEnv has no task lists; task ``<split>/seed-<n>`` resets with ``seed=n``.
-  Each split has :data:`TASKS_PER_SPLIT` seeds: train from 0, test from :data:`TEST_SEED_BASE`.
+  Each split has :data:`TASKS_PER_SPLIT` seeds: train from 0, validation from
+  :data:`VALIDATION_SEED_BASE`, test from :data:`TEST_SEED_BASE`.
 * **Actions.** The reply text goes into the action's one string field (read from
   ``/schema``: the only required string field, else the only string field), or
   ``action_key``.
@@ -35,6 +36,7 @@ from websockets.asyncio.client import connect as websocket_connect
 from websockets.exceptions import InvalidStatus, WebSocketException
 
 from agentgym.client import AsyncEnvClient, RetryPolicy
+from agentgym.core import resolve_split
 from agentgym.errors import (
     AgentGymError,
     AtCapacity,
@@ -49,7 +51,9 @@ from agentgym.wire import Health, Metadata, SessionCreated, StepResult, TaskInfo
 
 TASKS_PER_SPLIT = 100
 TEST_SEED_BASE = 10_000
-SPLIT_SEED_BASES = {"train": 0, "test": TEST_SEED_BASE}
+VALIDATION_SEED_BASE = 5_000
+SPLIT_SEED_BASES = {"train": 0, "test": TEST_SEED_BASE, "validation": VALIDATION_SEED_BASE}
+"""Listed in this order (validation came last, so the split-after-split numbering stays)."""
 DEFAULT_MAX_TURNS = 30
 _TASK_ID = re.compile(r"(?P<split>[a-z]+)/seed-(?P<seed>\d+)")
 
@@ -74,6 +78,7 @@ def env_client(url: str, **kwargs: Any) -> AsyncEnvClient | OpenEnvClient:
 
 def openenv_task_ids(split: str, count: int = TASKS_PER_SPLIT) -> list[str]:
     """The task ids of ``split`` of any OpenEnv env (seeds; see the module docstring)."""
+    split = resolve_split(split, SPLIT_SEED_BASES)
     if split not in SPLIT_SEED_BASES:
         raise UnknownTask(f"an OpenEnv env has splits {sorted(SPLIT_SEED_BASES)}, not {split!r}")
     return [f"{split}/seed-{SPLIT_SEED_BASES[split] + i}" for i in range(count)]
@@ -140,7 +145,7 @@ class OpenEnvClient:
         )
 
     async def tasks(self, split: str | None = None, offset: int = 0, limit: int = 100) -> TaskList:
-        splits = [split] if split else list(SPLIT_SEED_BASES)
+        splits = [resolve_split(split, SPLIT_SEED_BASES)] if split else list(SPLIT_SEED_BASES)
         chosen = [TaskInfo(task_id=t, split=s) for s in splits for t in openenv_task_ids(s)]
         return TaskList(tasks=chosen[offset : offset + limit], total=len(chosen))
 
@@ -292,7 +297,7 @@ class OpenEnvClient:
 def _seed_of(task_id: str) -> int:
     match = _TASK_ID.fullmatch(task_id)
     if match is None or match["split"] not in SPLIT_SEED_BASES:
-        raise UnknownTask(f"an OpenEnv task id is '<train|test>/seed-<n>', not {task_id!r}")
+        raise UnknownTask(f"an OpenEnv task id is '<train|validation|test>/seed-<n>', not {task_id!r}")
     return int(match["seed"])
 
 

@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentgym import registry
-from agentgym.core import WEB_PREFIX, TextEnv
+from agentgym.core import WEB_PREFIX, TextEnv, resolve_split
 from agentgym.errors import (
     AgentGymError,
     InvalidPayload,
@@ -227,6 +227,7 @@ def _v1_router(
     ) -> dict[str, Any]:
         """The fixed task lists, one split or all (split after split), paged by offset/limit."""
         splits = catalog.splits()
+        split = None if split is None else resolve_split(split, splits)  # dev: validation
         if split is not None and split not in splits:
             raise UnknownTask(f"unknown split {split!r}; splits are {sorted(splits)}")
         chosen = [t for s in ([split] if split else splits) for t in catalog.tasks(s)]

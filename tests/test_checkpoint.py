@@ -1,5 +1,6 @@
 """Run-folder checkpoints survive kills and power loss, fall back to the newest complete
-one, load old run folders, and never run code from a checkpoint file."""
+one, load old run folders, and never run code from a checkpoint file; ``train --resume``
+continues the folder it is given, and refuses one it would have to start over."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner, Result
 
+from agentgym.cli import app
 from agentgym.trainers.checkpoint import RunDir, rng_state
+from agentgym.trainers.config import TrainConfig
 
 
 def _trained() -> tuple[torch.nn.Linear, torch.optim.AdamW]:
@@ -203,7 +207,7 @@ def test_retention_keeps_the_newest_complete_checkpoints_and_the_best(tmp_path) 
     held_out = {1: 0.2, 2: 0.9, 3: 0.1, 4: 0.3, 5: 0.0, 6: 0.0}
     for step, success in held_out.items():
         with open(run.metrics_path, "a") as fh:  # logged before the save, as the trainer does
-            fh.write(json.dumps({"step": step, "eval_success_rate": success}) + "\n")
+            fh.write(json.dumps({"step": step, "val_success_rate": success}) + "\n")
         run.save_checkpoint(step, model, optimizer, {}, keep=2)
         if step == 4:  # step 4 is torn later (a bad disk): it must not count among the kept
             (run.checkpoints / "step-000004" / "trainable.pt").write_bytes(b"torn")
@@ -223,3 +227,116 @@ def test_retention_never_deletes_what_resume_falls_back_to(tmp_path) -> None:
     run.prune(keep=1)
     assert _steps(run) == [3]  # the torn newest goes; step 3, the resume fallback, stays
     assert run.latest_checkpoint() == run.checkpoints / "step-000003"
+
+
+TINY_RUN = {
+    "algo": "grpo",
+    "env": "choice",
+    "schedule": "fixed",
+    "max_turns": 1,
+    "bc_steps": 0,
+    "steps": 2,
+    "tasks_per_step": 2,
+    "group_size": 2,
+    "max_new_tokens": 4,
+    "agent_format": "plain",
+    "eval_every": 0,
+    "eval_tasks": 2,
+    "report_to": [],
+}
+"""Two RL steps on ``choice`` with the tiny model: a checkpoint after each."""
+
+
+def _train(*args: str) -> Result:
+    return CliRunner().invoke(app, ["train", *args])
+
+
+def _said(result: Result) -> str:
+    return " ".join(result.output.split())  # rich wraps long lines
+
+
+def _contents(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_resume_continues_the_folder_given_from_any_directory_even_moved(
+    tiny_model_dir: Path, choice_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, second, third = (tmp_path / name for name in ("first", "second", "third"))
+    for folder in (first, second, third):
+        folder.mkdir()
+    monkeypatch.chdir(first)
+    settings = [f"--set={k}={json.dumps(v)}" for k, v in (TINY_RUN | {"env_url": choice_url}).items()]
+    started = _train("--model", str(tiny_model_dir), "--out", "runs/a", *settings)
+    assert started.exit_code == 0, started.output
+    run = first / "runs" / "a"  # its config.yaml says output_dir: runs/a, relative to `first`
+    logged = (run / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in logged] == [0, 1, 2]
+
+    # Killed before step 2's checkpoint, resumed from another directory by a relative path.
+    shutil.rmtree(run / "checkpoints" / "step-000002")
+    monkeypatch.chdir(second)
+    resumed = _train("--resume", "--out", "../first/runs/a")
+    assert resumed.exit_code == 0, resumed.output
+    assert list(second.iterdir()) == []  # nothing written where the command ran
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    assert lines[:2] == logged[:2] and [json.loads(line)["step"] for line in lines] == [0, 1, 2]
+    assert RunDir(run).latest_checkpoint() == run / "checkpoints" / "step-000002"
+
+    # Moved, step 2's checkpoint torn, resumed from a third directory: from step 1, in place.
+    moved = tmp_path / "moved"
+    shutil.move(run, moved)
+    (moved / "checkpoints" / "step-000002" / "trainable.pt").write_bytes(b"torn")
+    monkeypatch.chdir(third)
+    again = _train("--resume", "--out", str(moved))
+    assert again.exit_code == 0, again.output
+    assert list(third.iterdir()) == [] and list((first / "runs").iterdir()) == []
+    lines = (moved / "metrics.jsonl").read_text().splitlines()
+    assert lines[:2] == logged[:2] and [json.loads(line)["step"] for line in lines] == [0, 1, 2]
+    assert RunDir(moved).latest_checkpoint() == moved / "checkpoints" / "step-000002"
+
+
+@pytest.mark.parametrize("damage", ["every checkpoint torn", "steps logged, no checkpoint"])
+def test_a_resume_that_would_start_over_is_refused_changing_nothing(
+    damage: str, tiny_model_dir: Path, choice_url: str, tmp_path: Path
+) -> None:
+    run = RunDir(tmp_path)
+    config = TrainConfig(**TINY_RUN, model=str(tiny_model_dir), env_url=choice_url, output_dir=str(tmp_path))
+    config.save(tmp_path / "config.yaml")
+    model, optimizer = _trained()
+    for step in (1, 2):
+        with open(run.metrics_path, "a") as fh:
+            fh.write(json.dumps({"step": step, "phase": "rl", "success_rate": 0.5}) + "\n")
+        run.save_checkpoint(step, model, optimizer, {"phase": "rl"})
+    with open(run.metrics_path, "a") as fh:
+        fh.write('{"step": 3, "pha')  # torn by the crash: a resume would drop it
+    for folder in run.checkpoints.glob("step-*"):
+        if damage == "every checkpoint torn":
+            (folder / "optimizer.pt").write_bytes(b"")
+        else:
+            shutil.rmtree(folder)
+    before = _contents(tmp_path)
+
+    result = _train("--resume", "--out", str(tmp_path))
+    assert result.exit_code == 2, result.output
+    said = _said(result)
+    assert f"cannot resume {tmp_path}" in said and "start over at step 1" in said
+    assert "another --out" in said and "Traceback" not in said
+    if damage == "every checkpoint torn":
+        assert "none of its 2 checkpoints is complete (step-000001: optimizer.pt" in said
+    else:
+        assert "metrics.jsonl logs steps up to 2 but it has no checkpoint" in said
+    assert _contents(tmp_path) == before  # metrics.jsonl, config.yaml, checkpoints: byte for byte
+
+
+@pytest.mark.parametrize("folder", ["missing", "empty"])
+def test_resuming_a_folder_without_a_run_is_refused(folder: str, tmp_path: Path) -> None:
+    out = tmp_path / folder
+    if folder == "empty":
+        out.mkdir()
+    result = _train("--resume", "--out", str(out))
+    assert result.exit_code == 2, result.output
+    said = _said(result)
+    expected = "does not exist: nothing to resume" if folder == "missing" else "holds no run to resume"
+    assert f"{out} {expected}" in said, said
+    assert out.exists() == (folder == "empty") and not list(tmp_path.rglob("*.yaml"))

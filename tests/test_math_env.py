@@ -80,7 +80,7 @@ def test_generated_problems_are_seeded_and_worked() -> None:
 
 def test_splits_use_disjoint_problems() -> None:
     env = make("math", n_train=50, n_test=20)
-    assert env.splits() == {"train": 50, "test": 20}
+    assert env.splits() == {"train": 50, "test": 20, "validation": 100}
     train = {env.problem(t.task_id).question for t in env.tasks("train")}
     assert train.isdisjoint(env.problem(t.task_id).question for t in env.tasks("test"))
 

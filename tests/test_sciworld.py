@@ -108,7 +108,7 @@ def play_expert(http: httpx.Client, task_id: str) -> tuple[dict, list[dict], dic
 
 def test_splits_and_task_ids() -> None:
     env = SciWorldEnv(**POOL)
-    assert env.splits() == {"train": 3592, "dev": 1796, "test": 1819}
+    assert env.splits() == {"train": 3592, "validation": 1796, "test": 1819}  # validation: dev
     test = env.tasks("test")
     assert [t.task_id for t in test[:3]] == ["boil/21", "melt/21", "freeze/21"]
     assert len({t.meta["task_name"] for t in test[:30]}) == 30  # any prefix mixes the types
@@ -120,7 +120,7 @@ def test_splits_and_task_ids() -> None:
             parse_task_id(bad)
     assert all(env.task(t.task_id) == t for split in env.splits() for t in env.tasks(split))
     small = SciWorldEnv(task_types=["boil", "4-2"], **POOL)
-    assert small.splits() == {"train": 164, "dev": 82, "test": 84}
+    assert small.splits() == {"train": 164, "validation": 82, "test": 84}
     with pytest.raises(UnknownTask, match="not offered"):
         small.task("melt/0")
     with pytest.raises(ValueError, match="unknown ScienceWorld task type"):

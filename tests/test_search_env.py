@@ -164,7 +164,7 @@ def test_expert_recovers_after_a_detour_and_results_show_ids(agentgym_cache: str
 def test_unknown_split_and_task(agentgym_cache: str) -> None:
     env = SearchEnv(n_train=2, n_test=2)
     with pytest.raises(UnknownTask):
-        env.tasks("dev")
+        env.tasks("holdout")  # ("dev" names validation)
     with pytest.raises(UnknownTask):
         env.reset(task_id="kb0-x1/h1/s999999")
     with pytest.raises(ValueError):

@@ -57,7 +57,7 @@ def tiny_run(tiny_model_dir: Path, choice_url: str, tmp_path_factory: pytest.Tem
 def test_a_run_keeps_its_newest_checkpoint_and_its_best(tiny_run: Path) -> None:
     history = run_metrics(tiny_run)
     assert [r["step"] for r in history] == [1, 2, 3]
-    best = max((r["eval_success_rate"], r["step"]) for r in history if "eval_success_rate" in r)[1]
+    best = max((r["val_success_rate"], r["step"]) for r in history if "val_success_rate" in r)[1]
     kept = sorted(p.name for p in (tiny_run / "checkpoints").glob("step-*"))
     assert kept == sorted({f"step-{best:06d}", "step-000003"})  # keep_checkpoints=1, plus the best
 

@@ -304,7 +304,7 @@ def test_site_pages_and_purchase_over_http(webshop_url: str, env: WebShopEnv) ->
 def test_metadata_and_tasks(webshop_url: str) -> None:
     with EnvClient(webshop_url) as client:
         metadata = client.metadata()
-        assert metadata.name == "webshop" and metadata.splits == {"train": 40, "test": 60}
+        assert metadata.name == "webshop" and metadata.splits == {"train": 40, "test": 60, "validation": 200}
         assert "search[" in metadata.instruction and metadata.max_turns == 15
         task = client.tasks("train", limit=1).tasks[0]
         assert task.task_id == "train/0"
@@ -408,7 +408,7 @@ def test_loader_reads_human_goals(original_files: dict[str, str]) -> None:
 
 def test_env_on_original_files_plays_to_reward_one(original_files: dict[str, str], tmp_path: Path) -> None:
     env = WebShopEnv(**original_files, n_train=1, n_test=1, cache_dir=tmp_path / "cache")
-    assert env.splits() == {"train": 1, "test": 1}
+    assert env.splits() == {"train": 1, "test": 1, "validation": 0}  # no human goal left for validation
     for task in env.tasks("train") + env.tasks("test"):
         env.reset(task_id=task.task_id)
         while not env.done:

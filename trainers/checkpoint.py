@@ -8,11 +8,14 @@ loss, ``latest_checkpoint`` returns the newest folder whose manifest matches its
 folders after its own (an abandoned run's). Files load with
 ``torch.load(weights_only=True)``, so a run folder cannot run code; folders from before the
 manifest (format 1) still load. Resuming truncates the metrics log to the checkpoint's
-step, so the log never holds a step twice or misses one.
+step, so the log never holds a step twice or misses one. A folder with trained steps but no
+complete checkpoint is refused (:meth:`RunDir.resume_checkpoint`), changing nothing in it:
+resuming it would start over at step 1.
 
 Retention: each save keeps the ``keep`` newest *complete* checkpoints (a torn folder never
 counts, so the one resume would fall back to is always among them) plus the best by
-held-out success (``eval_success_rate`` in ``metrics.jsonl``); the rest are renamed to a
+validation success (``val_success_rate`` in ``metrics.jsonl``; never the test panel's
+``eval_success_rate``, which only the final report reads); the rest are renamed to a
 staging name, then deleted (a crash in between leaves them to the next save's cleanup).
 """
 
@@ -39,6 +42,8 @@ MANIFEST = "manifest.json"
 FORMAT = "agentgym-checkpoint/2"  # in each manifest; format 1 is the manifest-less layout before it
 LEGACY_FILES = ("trainable.pt", "optimizer.pt", "state.json")
 STEP_PREFIX = "step-"
+BEST_BY = "val_success_rate"
+"""The metric the best checkpoint is chosen by: validation success, never the test panel's."""
 
 log = logging.getLogger(__name__)
 
@@ -164,15 +169,55 @@ class RunDir:
         """The newest complete checkpoint, whatever ``latest`` says (a crash can leave it
         naming a torn or missing folder, or one step behind); None if there is none. Raises
         ValueError on a checkpoint of another format rather than resume from before it."""
-        folders = sorted(self._step_folders().items(), key=lambda item: -item[1])
-        for folder, _ in folders:
+        folder, skipped = self._newest_complete()
+        self._warn_skipped(skipped)
+        if folder is None and skipped:
+            log.warning("none of the %d step folders in %s is complete", len(skipped), self.checkpoints)
+        return folder
+
+    def _newest_complete(self) -> tuple[Path | None, list[tuple[Path, str]]]:
+        """The newest complete checkpoint (or None) and the newer folders skipped, with why."""
+        skipped = []
+        for folder, _ in sorted(self._step_folders().items(), key=lambda item: -item[1]):
             problem = checkpoint_problem(folder)
             if problem is None:
-                return folder
+                return folder, skipped
+            skipped.append((folder, problem))
+        return None, skipped
+
+    @staticmethod
+    def _warn_skipped(skipped: list[tuple[Path, str]]) -> None:
+        for folder, problem in skipped:
             log.warning("skipping checkpoint %s: %s", folder, problem)
-        if folders:
-            log.warning("none of the %d step folders in %s is complete", len(folders), self.checkpoints)
-        return None
+
+    def resume_checkpoint(self) -> Path | None:
+        """Where a resume continues: the newest complete checkpoint, or None for a run that
+        has trained no step yet (it starts at step 1, keeping a step-0 evaluation it logged).
+        Reads only. ValueError, saying what was found and what to do, when steps were trained
+        but no complete checkpoint holds them (every step folder torn, or steps logged before
+        the first save): resuming would start over at step 1, cut ``metrics.jsonl`` back and
+        delete the torn folders."""
+        folder, skipped = self._newest_complete()
+        if folder is not None:
+            self._warn_skipped(skipped)
+            return folder
+        logged = [
+            step
+            for record in MetricsLog(self.metrics_path).read()
+            if isinstance(step := record.get("step"), int) and step > 0
+        ]
+        if not skipped and not logged:
+            return None
+        if skipped:
+            found = "; ".join(f"{f.name}: {problem}" for f, problem in reversed(skipped))
+            what = f"none of its {len(skipped)} checkpoints is complete ({found})"
+        else:
+            what = f"{self.metrics_path.name} logs steps up to {max(logged)} but it has no checkpoint"
+        raise ValueError(
+            f"cannot resume {self.path}: {what}. Resuming would start over at step 1 and cut "
+            f"{self.metrics_path.name} back, so nothing was changed. Start a new run with another "
+            f"--out, or delete {self.path} and run again without --resume."
+        )
 
     def checkpoint_at(self, step: int) -> Path:
         """The complete checkpoint of ``step``; ValueError naming the steps there are otherwise."""
@@ -185,13 +230,13 @@ class RunDir:
         return folder
 
     def best_step(self) -> int | None:
-        """The step with the highest held-out success (``eval_success_rate``) that still has
-        a checkpoint folder; the later one on a tie. None before any evaluation."""
+        """The step with the highest validation success (:data:`BEST_BY`) that still has a
+        checkpoint folder; the later one on a tie. None before any validation."""
         saved = set(self._step_folders().values())
         scored = [
-            (record["eval_success_rate"], record["step"])
+            (record[BEST_BY], record["step"])
             for record in MetricsLog(self.metrics_path).read()
-            if isinstance(record.get("eval_success_rate"), int | float) and record.get("step") in saved
+            if isinstance(record.get(BEST_BY), int | float) and record.get("step") in saved
         ]
         return max(scored)[1] if scored else None
 

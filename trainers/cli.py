@@ -43,7 +43,12 @@ def train(
         list[str], typer.Option("--set", help="Override a field, KEY=VALUE (YAML value; dotted for nested).")
     ] = [],  # noqa: B006 - typer reads the default, never mutates it
     out: Annotated[Path | None, typer.Option(help="Run folder (default runs/<algo>-<env>-<time>).")] = None,
-    resume: Annotated[bool, typer.Option(help="Continue the run in --out from its last checkpoint.")] = False,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            help="Continue the run in --out (that folder, wherever it was started) from its newest complete checkpoint."
+        ),
+    ] = False,
     print_config: Annotated[
         bool,
         typer.Option(
@@ -82,6 +87,15 @@ def train(
     if print_config:  # before anything is checked or created: it only shows what would run
         typer.echo(commented_yaml(resolved), nl=False)
         return
+    run_dir = Path(resolved.output_dir)
+    rank = int(os.environ.get("RANK", "0"))  # set by torchrun in each data-parallel process
+    if resume and rank == 0:  # before any model loads; a refused resume changes nothing
+        from agentgym.trainers.checkpoint import RunDir
+
+        try:
+            RunDir(run_dir, create=False).resume_checkpoint()
+        except ValueError as exc:
+            raise fail(str(exc), 2) from None
     require_env(resolved.env, resolved.env_url)
     try:  # the local server's settings; a running server (env_url) has its own
         registry.check_settings(resolved.env, [] if resolved.env_url else resolved.env_settings)
@@ -91,8 +105,6 @@ def train(
         check_model(resolved.model)
     except ModelNotAvailable as exc:
         raise fail(str(exc), 2) from None
-    run_dir = Path(resolved.output_dir)
-    rank = int(os.environ.get("RANK", "0"))  # set by torchrun in each data-parallel process
     if not resume and rank == 0 and (run_dir / "metrics.jsonl").exists():
         raise fail(f"{run_dir} already holds a run: continue it with --resume, or pick another --out", 2)
     if rank == 0:
@@ -118,7 +130,7 @@ def train(
 
 def _launch_data_parallel(nproc: int, config: TrainConfig, run_dir: Path, resume: bool) -> None:
     """Run ``nproc`` trainers under torchrun. They all read the config saved in the run folder
-    (``train --resume`` on a folder without checkpoints starts at step 1), so every rank
+    (``train --resume`` on a folder that has trained no step starts at step 1), so every rank
     trains with exactly the resolved config, whatever flags or files produced it."""
     from agentgym.cli import fail
     from agentgym.trainers.distributed import launch_command
@@ -151,15 +163,21 @@ def _resolve_config(
     layers: ConfigLayers, overrides: dict[str, Any], out: Path | None, resume: bool
 ) -> TrainConfig:
     """defaults < the env's layer < --recipe < --config < flags < --set; on --resume, the
-    run's saved config."""
+    config saved in ``out``, which stays the run folder (as an absolute path: the saved
+    ``output_dir`` may be relative to another directory, or name where the run was moved from)."""
     from agentgym.trainers.config import TrainConfig
     from agentgym.trainers.config_files import env_layer, recipe
 
     if resume:
-        saved = Path(out) / "config.yaml"
+        folder = Path(out).absolute()
+        if not folder.exists():
+            raise FileNotFoundError(
+                f"{folder} does not exist: nothing to resume (leave out --resume to start a run there)"
+            )
+        saved = folder / "config.yaml"
         if not saved.exists():
-            raise FileNotFoundError(f"{saved} not found: nothing to resume")
-        return TrainConfig.load(saved)
+            raise FileNotFoundError(f"{folder} holds no run to resume: it has no config.yaml")
+        return TrainConfig.load(saved).with_overrides({"output_dir": str(folder)})
     values = recipe(layers.recipe) if layers.recipe else {}
     if layers.config_file:
         values |= yaml.safe_load(layers.config_file.read_text()) or {}

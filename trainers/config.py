@@ -141,9 +141,11 @@ class TrainConfig:
     constrain_actions: bool | None = None
     """Sample only replies that play one of the env's valid commands (constrained decoding,
     rollouts and evaluation alike): no turn is spent on an invalid command, and RL steps
-    get ~2x cheaper (textworld, bench/RESULTS.md). The update scores the model's own
-    log-probs of the chosen tokens. None: on with the hf and ray generators, off with vllm
-    (its engine here decodes unconstrained)."""
+    get ~2x cheaper (textworld, bench/RESULTS.md). This is action masking: behaviour
+    log-probs, and the learner's log-probs, ratios and entropy, are those of the model's
+    distribution renormalised over the allowed tokens (each trajectory records its turns'
+    choices). None: on with the hf and ray generators, off with vllm (its engine here
+    decodes unconstrained)."""
 
     # ----- off-policy and asynchronous training ------------------------------------------
     mode: str = "sync"
@@ -251,13 +253,21 @@ class TrainConfig:
 
     # ----- bookkeeping -----------------------------------------------------------------
     eval_every: int = 0
-    """Evaluate on held-out test tasks every N RL steps too (0: only after behaviour cloning
-    and at the end, the before/after comparison)."""
+    """Evaluate on the validation split every N RL steps, and then also after behaviour
+    cloning and at the last step (0: never). The test panel is never played here: only
+    after behaviour cloning (or at step 0 without it) and at the end of the run, for the
+    before/after report."""
+    val_tasks: int = 32
+    """Validation tasks per ``eval_every`` evaluation: the first this many of the validation
+    split, the same every time (logged as ``val_success_rate``, ``val_outcomes``; the best
+    checkpoint is chosen by it)."""
     eval_tasks: int = 32
-    """Test tasks per evaluation: the first this many of the test split, the same every time."""
+    """Test tasks of the before/after report: the first this many of the test split, played
+    twice (logged as ``eval_success_rate``, ``eval_outcomes``)."""
     eval_max_turns: int | None = None
-    """Turn limit of the held-out evaluations; None: the schedule's longest horizon, so runs
-    of any length and either schedule are scored alike."""
+    """Turn limit of every held-out evaluation (validation and the test panel). Fixed per
+    env by its layer (``trainers/recipe_yaml/envs/ENV.yaml``), so changing ``rounds`` does
+    not move it; None (a config built without an env layer): the schedule's longest horizon."""
     entropy_floor: float = 0.05
     """Warn when an RL update's mean token entropy (nats) falls below this (collapse)."""
     invalid_rise: float = 0.2
@@ -265,8 +275,9 @@ class TrainConfig:
     checkpoint_every: int = 1
     """Save a checkpoint every N steps (the last step always saves)."""
     keep_checkpoints: int = 3
-    """Checkpoints kept: the N newest complete ones plus the best by held-out success
-    (``eval_success_rate``); older ones are deleted as new ones are saved. 0 keeps all."""
+    """Checkpoints kept: the N newest complete ones plus the best by validation success
+    (``val_success_rate``, from ``eval_every``; never the test panel); older ones are
+    deleted as new ones are saved. 0 keeps all."""
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
     """Where metrics go besides ``metrics.jsonl``: ``tensorboard`` (``RUN_DIR/tensorboard``),
     ``wandb`` (Weights & Biases; offline with ``WANDB_MODE=offline``); ``[]`` for neither."""

@@ -142,6 +142,7 @@ class CritiqueRL:
         catalog = registry.make(config.env, **config.env_settings)
         self.train_problems = [catalog.problem(t) for t in trainer.train_tasks]
         self.test_problems = [catalog.problem(t) for t in trainer.test_tasks]
+        self.validation_problems = [catalog.problem(t) for t in trainer.validation_tasks]
         self.actor = BaseModelActor(trainer.learner.policy, trainer.learner.model)
         self.demos: list[dict[str, Any]] | None = None
 
@@ -196,16 +197,22 @@ class CritiqueRL:
             )
         return self.demos
 
-    def evaluate(self, step: int) -> dict[str, Any]:
-        """Greedy critique rounds on the first ``eval_tasks`` test problems: every
-        :func:`~agentgym.critique.critique_metrics` figure as ``eval_<name>``, and Acc@Refine as
-        ``eval_success_rate`` (the actor's success with the critic in the loop)."""
-        problems = self.test_problems[: self.trainer.config.eval_tasks]
+    def evaluate(self, step: int, split: str = "test") -> dict[str, Any]:
+        """Greedy critique rounds on the first ``eval_tasks`` test problems (or the first
+        ``val_tasks`` validation problems, ``split="validation"``): every
+        :func:`~agentgym.critique.critique_metrics` figure as ``eval_<name>`` (``val_<name>``),
+        and Acc@Refine as ``eval_success_rate`` (``val_success_rate``): the actor's success
+        with the critic in the loop."""
+        config = self.trainer.config
+        if split == "validation":
+            problems, prefix = self.validation_problems[: config.val_tasks], "val"
+        else:
+            problems, prefix = self.test_problems[: config.eval_tasks], "eval"
         metrics = critique_metrics(
             r.outcome for r in self.trainer.complete(self._round(problems, greedy=True))
         )
-        return {f"eval_{key}": value for key, value in metrics.items()} | {
-            "eval_success_rate": metrics["acc_refine"]
+        return {f"{prefix}_{key}": value for key, value in metrics.items()} | {
+            f"{prefix}_success_rate": metrics["acc_refine"]
         }
 
 

@@ -28,9 +28,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from agentgym.client import EnvClient
+from agentgym.errors import UnknownTask
 from agentgym.openenv_client import is_openenv_url, openenv_task_ids
 from agentgym.policies.hf import HFPolicy
-from agentgym.trainers import heldout
+from agentgym.trainers import heldout, manifest
 from agentgym.trainers.batch import TokenBatch
 from agentgym.trainers.checkpoint import MetricsLog, RunDir
 from agentgym.trainers.collector import Collector
@@ -73,7 +74,10 @@ class Trainer:
         self.tokenizer: Any = None
         self.pad_id = 0
         self.train_tasks: list[str] = []
+        self.validation_tasks: list[str] = []
+        """What the trainer's choices read (``eval_every``, the best checkpoint)."""
         self.test_tasks: list[str] = []
+        """The before/after report's panel, played at those two points only."""
         self.collector: Collector | None = None
         self.recipe: Any = None
         self.metrics: MetricsLog | None = None
@@ -131,6 +135,8 @@ class Trainer:
 
     def _finish_step(self, step: int, record: dict[str, Any]) -> None:
         """Rank 0: evaluate when due, log the step, checkpoint when due."""
+        if self._validation_due(step):
+            record.update(self.recipe.evaluate(step, split="validation"))
         if self._eval_due(step):
             record.update(self.recipe.evaluate(step))
         warnings = self.guard.check(record)
@@ -158,24 +164,53 @@ class Trainer:
         self.metrics.log({"step": 0, "phase": "start"} | self.recipe.evaluate(0))
 
     def _eval_due(self, step: int) -> bool:
-        """At the end of behaviour cloning (the "before" of RL), every ``eval_every`` RL
-        steps, and at the last step."""
+        """The test panel: at the end of behaviour cloning (the "before" of RL) and at the
+        last step (the "after"), nowhere else (no RL step: the end of cloning only)."""
+        return step in (self.config.bc_steps, self.total_steps)
+
+    def _validation_due(self, step: int) -> bool:
+        """Validation, with ``eval_every`` > 0 and a validation split: every ``eval_every``
+        RL steps, at the end of behaviour cloning and at the last step (so the best
+        checkpoint can be the cloned one or the last one)."""
         every, t = self.config.eval_every, step - self.config.bc_steps
-        return step in (self.config.bc_steps, self.total_steps) or (every > 0 and t > 0 and t % every == 0)
+        if every <= 0 or not self.validation_tasks:
+            return False
+        return step in (self.config.bc_steps, self.total_steps) or (t > 0 and t % every == 0)
 
     def _report_before_after(self) -> None:
-        """Print and save held-out success after behaviour cloning and after RL (rank 0)."""
+        """Print and save held-out success after behaviour cloning and after RL, and the
+        run's manifest beside them (rank 0)."""
         before, after = heldout.outcomes_by_phase(self.metrics.read())
+        self._write_manifest(sorted(before.keys() | after.keys()))
         if not before or not after:
             return  # no RL step: nothing to compare
         result = heldout.compare([(before, after)])
         heldout.save(self.run_dir.path, result, sorted(before))
-        table = Table(title=f"held-out success on {result.gain.n} test tasks (greedy), % [95% interval]")
-        table.add_column("")
+        table = Table(
+            title=f"held-out success on {result.tasks} test tasks (greedy), % [95% interval]",
+            caption=heldout.caption(result),
+        )
+        table.add_column("", no_wrap=True)
         table.add_column("%", justify="right")
-        for label, value in heldout.rows(result, cloned=self.config.bc_steps > 0):
-            table.add_row(label, value)
+        table.add_column("per-episode", justify="right")
+        for label, claim, per_episode in heldout.rows(result, cloned=self.config.bc_steps > 0):
+            table.add_row(label, claim, per_episode)
         Console().print(table)
+
+    def _write_manifest(self, tasks: list[str]) -> None:
+        """``manifest.json`` in the run folder (``trainers/manifest.py``); never fails the run."""
+        try:
+            source = getattr(getattr(self.learner, "policy", None), "source", None)
+            record = manifest.build_manifest(
+                tasks=tasks,
+                seeds=[self.config.seed],
+                model_sha256=manifest.source_sha256(source),
+                generator=self.config.generator,
+                config=self.config.to_dict(),
+            )
+            manifest.write_manifest(self.run_dir.path, record)
+        except Exception as exc:
+            log.warning("manifest.json not written: %s", exc)
 
     # ----- what recipes use ------------------------------------------------------------
 
@@ -233,10 +268,14 @@ class Trainer:
         self.learner = Learner(config, policy, self.dp)
         if is_openenv_url(self.url):  # an OpenEnv env: its tasks are seeds
             self.train_tasks, self.test_tasks = openenv_task_ids("train"), openenv_task_ids("test")
+            self.validation_tasks = openenv_task_ids("validation")
         else:
             with EnvClient(self.url) as client:
                 self.train_tasks = [t.task_id for t in client.tasks(split="train", limit=10_000).tasks]
                 self.test_tasks = [t.task_id for t in client.tasks(split="test", limit=10_000).tasks]
+                self.validation_tasks = _validation_ids(client)
+        if config.eval_every > 0 and not self.validation_tasks:
+            log.warning("eval_every: the env has no validation split; no periodic evaluation")
         generator = self.complete(start_generator(config, self.learner, self.url))
         self.collector = Collector(
             config, self.learner, generator, self.runner, self.dp, self.train_tasks, self.run_dir.path
@@ -244,8 +283,9 @@ class Trainer:
         self.recipe = self.recipe_class(self)
 
     def _restore(self) -> int:
-        """First step to run: 1, or the step after the newest complete checkpoint."""
-        checkpoint = self.run_dir.latest_checkpoint() if self.resume else None
+        """First step to run: 1, or the step after the newest complete checkpoint (ValueError
+        on a folder with trained steps but no complete checkpoint: that would start over)."""
+        checkpoint = self.run_dir.resume_checkpoint() if self.resume else None
         if checkpoint is None:
             if self.dp.main:
                 self.config.save(self.run_dir.path / "config.yaml")
@@ -260,6 +300,14 @@ class Trainer:
         if self.config.bf16 and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
             return torch.bfloat16
         return None
+
+
+def _validation_ids(client: EnvClient) -> list[str]:
+    """The validation split's task ids ([] for an env without one: never the test split's)."""
+    try:
+        return [t.task_id for t in client.tasks(split="validation", limit=10_000).tasks]
+    except UnknownTask:
+        return []
 
 
 def _idle_share(since: Any) -> float:

@@ -13,7 +13,7 @@ from typing import Any
 PANELS = (
     ("train success", ("success_rate",)),
     ("reward", ("reward_mean",)),
-    ("held-out success", ("eval_success_rate",)),
+    ("held-out success", ("eval_success_rate", "val_success_rate")),
     ("max turns (schedule)", ("max_turns",)),
     ("BAPO bounds", ("clip_low", "clip_high")),
     ("positive share ρ", ("positive_share",)),
@@ -24,7 +24,14 @@ PANELS = (
     ("importance ratio π_θ/π_behaviour", ("ratio_p05", "ratio_p50", "ratio_p95")),
 )
 RATES = frozenset(
-    {"success_rate", "eval_success_rate", "positive_share", "invalid_share", "eval_invalid_share"}
+    {
+        "success_rate",
+        "eval_success_rate",
+        "val_success_rate",
+        "positive_share",
+        "invalid_share",
+        "eval_invalid_share",
+    }
 )
 """Shares in [0, 1]: a panel of only these is drawn on a 0..1 axis, so a flat 0.125 reads as
 low rather than filling the panel, and runs compare at a glance."""

@@ -15,15 +15,17 @@ from typing import Any, ClassVar
 from agentgym.core import Task, TaskListsMixin, TextEnv, Transition
 
 DEFAULT_OPTIONS = ("red", "green", "blue", "yellow")
-SPLIT_SEEDS = {"train": 0, "test": 1_000_000}
-"""Train and test tasks use disjoint seeds for their option orders."""
+SPLIT_SEEDS = {"train": 0, "validation": 500_000, "test": 1_000_000}
+"""Each split's option orders come from its own seed range."""
+MAX_SPLIT_TASKS = 500_000
+"""Tasks a split holds at most, so no split's seeds reach the next split's."""
 
 
 class ChoiceEnv(TaskListsMixin, TextEnv):
     """Args:
     options: the options shown (in a per-task order).
     answer: the correct option (default: the third, ``blue``).
-    n_train / n_test: tasks per split.
+    n_train / n_validation / n_test: tasks per split (at most :data:`MAX_SPLIT_TASKS`).
     """
 
     name: ClassVar[str] = "choice"
@@ -38,6 +40,7 @@ class ChoiceEnv(TaskListsMixin, TextEnv):
         answer: str | None = None,
         n_train: int = 64,
         n_test: int = 32,
+        n_validation: int = 32,
         max_turns: int | None = None,
     ) -> None:
         super().__init__(max_turns=max_turns)
@@ -47,10 +50,14 @@ class ChoiceEnv(TaskListsMixin, TextEnv):
         self.answer = answer or self.options[min(2, len(self.options) - 1)]
         if self.answer not in self.options:
             raise ValueError(f"answer {self.answer!r} is not among the options {self.options}")
-        self._tasks = {split: self._build(split, n) for split, n in (("train", n_train), ("test", n_test))}
+        # Validation after test: the wire's split-after-split numbering (data_idx) stays.
+        sizes = (("train", n_train), ("test", n_test), ("validation", n_validation))
+        self._tasks = {split: self._build(split, n) for split, n in sizes}
         self._shown: list[str] = []
 
     def _build(self, split: str, count: int) -> list[Task]:
+        if not 0 <= count <= MAX_SPLIT_TASKS:
+            raise ValueError(f"a split holds 0 to {MAX_SPLIT_TASKS} tasks, not {count}")
         tasks = []
         for i in range(count):
             seed = SPLIT_SEEDS[split] + i

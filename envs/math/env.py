@@ -16,8 +16,10 @@ from agentgym.core import MAX_ACTION_CHARS, Task, TaskListsMixin, TextEnv, Trans
 from agentgym.envs.math.answers import answers_match, extract_answer
 from agentgym.envs.math.problems import DIFFICULTIES, MIXED, Problem, generate_problem, load_problems
 
-SPLIT_SEEDS = {"train": 0, "test": 1_000_000}
-"""Generated train and test problems use disjoint seeds."""
+SPLIT_SEEDS = {"train": 0, "validation": 500_000, "test": 1_000_000}
+"""Each split's generated problems come from its own seed range."""
+MAX_SPLIT_PROBLEMS = 500_000
+"""Generated problems a split holds at most, so no split's seeds reach the next split's."""
 
 INSTRUCTION = """\
 Solve the math problem. Reason step by step, then end your reply with the final answer \
@@ -30,12 +32,14 @@ class MathEnv(TaskListsMixin, TextEnv):
     """Math word problems: generated multi-step arithmetic, or your GSM8K / MATH files.
 
     Args:
-        n_train / n_test: generated problems per split.
+        n_train / n_validation / n_test: generated problems per split (at most
+            :data:`MAX_SPLIT_PROBLEMS`).
         difficulty: ``easy`` (2 steps, + and -, numbers to 20), ``medium`` (2-4 steps,
             adds multiplication, to 100), ``hard`` (3-5 steps, adds division, to 1000) or
             ``mixed`` (cycles the three).
         data: JSONL files (GSM8K or MATH records) to use instead of generated problems:
-            ``{"train": path, "test": path}``, or one path, which becomes the ``test`` split.
+            ``{"train": path, "validation": path, "test": path}`` (any of them), or one path,
+            which becomes the ``test`` split.
         max_turns: attempts per problem (default 1).
     """
 
@@ -52,6 +56,7 @@ class MathEnv(TaskListsMixin, TextEnv):
         *,
         n_train: int = 500,
         n_test: int = 100,
+        n_validation: int = 100,
         difficulty: str = MIXED,
         data: DataPaths | None = None,
         max_turns: int | None = None,
@@ -64,7 +69,8 @@ class MathEnv(TaskListsMixin, TextEnv):
         self.problems: dict[str, Problem] = {}
         """Every problem by task id."""
         sources = _data_splits(data) if data is not None else None
-        for split, count in (("train", n_train), ("test", n_test)):
+        # Validation after test: the wire's split-after-split numbering (data_idx) stays.
+        for split, count in (("train", n_train), ("test", n_test), ("validation", n_validation)):
             if sources is None:
                 self._add_generated(split, count)
             elif split in sources:
@@ -72,6 +78,8 @@ class MathEnv(TaskListsMixin, TextEnv):
         self._problem: Problem | None = None
 
     def _add_generated(self, split: str, count: int) -> None:
+        if not 0 <= count <= MAX_SPLIT_PROBLEMS:
+            raise ValueError(f"a split holds 0 to {MAX_SPLIT_PROBLEMS} generated problems, not {count}")
         levels = list(DIFFICULTIES) if self.difficulty == MIXED else [self.difficulty]
         problems = [generate_problem(SPLIT_SEEDS[split] + i, levels[i % len(levels)]) for i in range(count)]
         self._add(split, problems)

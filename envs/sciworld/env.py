@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from py4j.protocol import Py4JError
 
-from agentgym.core import Task, TextEnv, Transition
+from agentgym.core import Task, TextEnv, Transition, resolve_split
 from agentgym.envs.sciworld.gold import GOLD_PATHS
 from agentgym.envs.sciworld.jvm import Jvm, JvmFailed, JvmPool, JvmSettings, default_max_live, jvm_pool
 from agentgym.envs.sciworld.tasks import (
@@ -61,7 +61,8 @@ Reply with the action only."""
 
 
 class SciWorldEnv(TextEnv):
-    """ScienceWorld tasks with their train/dev/test variation splits.
+    """ScienceWorld tasks with their train/validation/test variation splits (validation is
+    ScienceWorld's dev block; ``dev`` is accepted as its name too).
 
     Args:
         task_types: names (``"boil"``) or numbers (``"1-1"``) of the task types to offer;
@@ -85,7 +86,7 @@ class SciWorldEnv(TextEnv):
     description: ClassVar[str] = (
         "ScienceWorld: 30 elementary-science task types (changes of state, thermometers, "
         "circuits, classification, growing plants, chemistry, life stages, inclined planes, "
-        "genetics) in a simulated house, each with many variations split train/dev/test."
+        "genetics) in a simulated house, each with many variations split train/validation/test."
     )
     action_format: ClassVar[str] = "one action, e.g. 'go to kitchen', 'focus on thermometer'"
     # Score can fall (a task failed after progress), so a step's reward can be negative.
@@ -138,6 +139,7 @@ class SciWorldEnv(TextEnv):
         return {split: len(build_split(split, self._types)) for split in SPLITS}
 
     def tasks(self, split: str) -> list[Task]:
+        split = resolve_split(split, SPLITS)  # dev: validation
         if split not in SPLITS:
             raise UnknownTask(f"unknown split {split!r}; splits are {list(SPLITS)}")
         return list(build_split(split, self._types))

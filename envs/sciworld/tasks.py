@@ -1,11 +1,12 @@
-"""ScienceWorld's 30 task types, their train/dev/test variation splits and stable task ids.
+"""ScienceWorld's 30 task types, their train/validation/test variation splits and stable task ids.
 
 A task is one variation of one task type; its id reads ``<task name>/<variation>``, e.g.
 ``boil/0`` or ``find-animal/225``. ScienceWorld assigns each task type's variations to
 splits in three contiguous blocks (train first, then dev, then test); the table below
 records those sizes as the engine reports them (``getVariationsTrain/Dev/Test``), so
-listing tasks never needs a JVM. ``tests/test_sciworld_env.py`` checks the table
-against the engine.
+listing tasks never needs a JVM. ``tests/test_sciworld.py`` checks the table
+against the engine. ScienceWorld's ``dev`` block is agentgym's ``validation`` split;
+``dev`` stays accepted wherever a split is named (:data:`agentgym.core.SPLIT_ALIASES`).
 
 A split's task list is laid out round-robin over the task types (a type drops out once
 its variations in the split are used up), so any prefix mixes the types.
@@ -17,11 +18,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
-from agentgym.core import Task
+from agentgym.core import Task, resolve_split
 from agentgym.errors import UnknownTask
 from agentgym.inputs import decimal
 
-SPLITS = ("train", "dev", "test")
+SPLITS = ("train", "validation", "test")
 
 
 @dataclass(frozen=True)
@@ -35,13 +36,13 @@ class TaskType:
     n_dev: int
 
     def split_range(self, split: str) -> range:
-        """The variation numbers of ``split``."""
+        """The variation numbers of ``split`` (``dev``: validation's, ScienceWorld's name)."""
         bounds = {
             "train": (0, self.n_train),
-            "dev": (self.n_train, self.n_train + self.n_dev),
+            "validation": (self.n_train, self.n_train + self.n_dev),
             "test": (self.n_train + self.n_dev, self.variations),
         }
-        return range(*bounds[split])
+        return range(*bounds[resolve_split(split, bounds)])
 
 
 TASK_TYPES: tuple[TaskType, ...] = (

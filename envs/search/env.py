@@ -59,15 +59,16 @@ class SearchEnv(TaskListsMixin, TextEnv):
     (:mod:`agentgym.envs.search.kb`); pass ``corpus`` and ``questions`` to use your own.
 
     Args:
-        n_train / n_test: generated questions per split.
+        n_train / n_validation / n_test: generated questions per split (validation: from
+            train's start entities, none of train's questions; test: its own entities).
         hops: hop counts to cycle through, question by question (1 to 4).
         distractors: distractor passages per entity in the generated corpus (0 to 3).
         kb_seed / kb_scale: the generated world's seed and size multiplier (~1.4k
             passages at scale 1 with 2 distractors).
         corpus: a corpus JSONL file (``id``, ``contents``) to search instead.
         questions: question files (JSONL or Parquet with ``question``,
-            ``golden_answers``) for ``corpus``: ``{"train": path, "test": path}``, or one
-            path, which becomes the ``test`` split.
+            ``golden_answers``) for ``corpus``: ``{"train": path, "validation": path,
+            "test": path}`` (any split names), or one path, which becomes the ``test`` split.
         top_k: passages per search.
         retriever: ``"bm25"`` (default), ``"dense"`` (all-MiniLM-L6-v2 embeddings) or
             ``"hybrid"`` (reciprocal-rank fusion of the two); dense and hybrid need the
@@ -91,6 +92,7 @@ class SearchEnv(TaskListsMixin, TextEnv):
         *,
         n_train: int = 500,
         n_test: int = 100,
+        n_validation: int = 100,
         hops: Sequence[int] = (1, 2, 3, 4),
         distractors: int = 2,
         kb_seed: int = 0,
@@ -109,7 +111,9 @@ class SearchEnv(TaskListsMixin, TextEnv):
         check_retriever(retriever)  # before the corpus is built
         self.top_k, self.max_passage_chars = top_k, max_passage_chars
         source = _source(
-            corpus, questions, GeneratedSource(kb_seed, kb_scale, distractors, tuple(hops), n_train, n_test)
+            corpus,
+            questions,
+            GeneratedSource(kb_seed, kb_scale, distractors, tuple(hops), n_train, n_test, n_validation),
         )
         self.library: Library = library(
             source, Path(cache_dir) if cache_dir else agentgym_cache_dir("search")

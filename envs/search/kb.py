@@ -18,7 +18,10 @@ film The Glass Harbor?") and each hop has a gold query ("Who directed the film T
 Harbor?", "In which city was Orla Venmark born?", ...) whose answer passage is the gold
 document of that hop. Start entities are split 80/20 into train and test by a hash of
 their name, so the splits share no question; question ``seed`` picks the start and the
-chain. Everything is a pure function of ``(kb_seed, scale, distractors)`` and the seed.
+chain. Validation questions start from train's entities with seeds of their own (each
+split's seeds lie in its own range, :data:`SEED_OFFSETS`), and skip any question the train
+split holds, so test's entities stay unseen until the final report. Everything is a pure
+function of ``(kb_seed, scale, distractors)`` and the seed.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from __future__ import annotations
 import random
 import re
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from agentgym.envs.search.data import Passage, Question
@@ -35,6 +38,9 @@ GENERATOR_VERSION = 2
 """Bump when generation changes, so cached indexes of the old corpus are not reused."""
 
 TEST_SEED_OFFSET = 1_000_000
+SEED_OFFSETS = {"train": 0, "validation": 500_000, "test": TEST_SEED_OFFSET}
+SEED_RANGE = 500_000
+"""Seeds a split may try: split ``s`` draws from ``SEED_OFFSETS[s]`` up to this many more."""
 TEST_SHARE = 5
 """One start entity in ``TEST_SHARE`` (by name hash) belongs to the test split."""
 MAX_DISTRACTORS = 3
@@ -417,7 +423,8 @@ class KnowledgeBase:
     # ----- questions -------------------------------------------------------------------
 
     def starts(self, split: str) -> list[Entity]:
-        """Entities questions of ``split`` start from (disjoint between train and test)."""
+        """Entities questions of ``split`` start from (disjoint between train and test;
+        validation starts from train's)."""
         in_test = split == "test"
         return [
             entity
@@ -426,15 +433,20 @@ class KnowledgeBase:
             if (zlib.crc32(entity.name.encode()) % TEST_SHARE == 0) == in_test
         ]
 
-    def questions(self, split: str, count: int, hops: Sequence[int]) -> list[tuple[int, Question]]:
-        """The first ``count`` distinct questions of ``split`` as ``(seed, question)``;
-        question ``i`` has ``hops[i % len(hops)]`` hops. Growing ``count`` only appends."""
+    def questions(
+        self, split: str, count: int, hops: Sequence[int], exclude: Collection[str] = ()
+    ) -> list[tuple[int, Question]]:
+        """The first ``count`` distinct questions of ``split`` as ``(seed, question)``, none
+        of whose text is in ``exclude``; question ``i`` has ``hops[i % len(hops)]`` hops.
+        Growing ``count`` only appends."""
         if not hops or not set(hops) <= {1, 2, 3, 4}:
             raise ValueError(f"hops must be a non-empty list of 1 to 4, not {hops}")
-        starts, offset = self.starts(split), TEST_SEED_OFFSET if split == "test" else 0
+        if split not in SEED_OFFSETS:
+            raise ValueError(f"unknown split {split!r}; splits are {list(SEED_OFFSETS)}")
+        starts, offset = self.starts(split), SEED_OFFSETS[split]
         found: list[tuple[int, Question]] = []
-        seen: set[str] = set()
-        for seed in range(offset, offset + 50 * count + 100):
+        seen: set[str] = set(exclude)
+        for seed in range(offset, offset + min(50 * count + 100, SEED_RANGE)):
             if len(found) == count:
                 return found
             question = self.question(random.Random(seed), starts, hops[len(found) % len(hops)])

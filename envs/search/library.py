@@ -30,6 +30,7 @@ class GeneratedSource:
     hops: tuple[int, ...] = (1, 2, 3, 4)
     n_train: int = 500
     n_test: int = 100
+    n_validation: int = 100
 
 
 @dataclass(frozen=True)
@@ -87,9 +88,13 @@ def _generated(source: GeneratedSource, cache_dir: Path) -> Library:
     tasks: dict[str, list[Task]] = {}
     questions: dict[str, Question] = {}
     prefix = f"kb{source.kb_seed}-x{source.kb_scale}"
-    for split, count in (("train", source.n_train), ("test", source.n_test)):
+    # Validation after test (the wire's split-after-split numbering stays); it skips the
+    # questions train holds.
+    sizes = (("train", source.n_train), ("test", source.n_test), ("validation", source.n_validation))
+    for split, count in sizes:
         tasks[split] = []
-        for seed, question in kb.questions(split, count, source.hops):
+        exclude = {questions[t.task_id].question for t in tasks["train"]} if split == "validation" else ()
+        for seed, question in kb.questions(split, count, source.hops, exclude):
             task = Task(f"{prefix}/h{question.meta['hops']}/s{seed}", split, {**question.meta, "seed": seed})
             tasks[split].append(task)
             questions[task.task_id] = question

@@ -101,11 +101,11 @@ class TextWorldEnv(TaskListsMixin, TextEnv):
             per challenge (see ``tasks.DIFFICULTIES``).
         settings: overrides the preset per challenge, e.g.
             ``{"tw-coin_collector": [{"level": 5}], "tw-cooking": [{"recipe": 2, "go": 6}]}``.
-        n_train / n_test: tasks per split.
+        n_train / n_validation / n_test: tasks per split (own seed ranges, see ``tasks.py``).
         cache_dir: where compiled games live (default: ``$AGENTGYM_CACHE/textworld``, see :func:`agentgym.cache.cache_dir`).
         max_turns: turn limit (default by difficulty: 30 / 50 / 80).
         workers: generation processes for this cache folder (shared by all instances).
-        prefetch: whether :meth:`warm_up` queues every task's game in the background.
+        prefetch: whether :meth:`warm_up` queues every train and test game in the background.
     """
 
     name: ClassVar[str] = "textworld"
@@ -127,6 +127,7 @@ class TextWorldEnv(TaskListsMixin, TextEnv):
         settings: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
         n_train: int = 32,
         n_test: int = 32,
+        n_validation: int = 32,
         cache_dir: str | os.PathLike[str] | None = None,
         max_turns: int | None = None,
         workers: int = 1,
@@ -138,9 +139,12 @@ class TextWorldEnv(TaskListsMixin, TextEnv):
             raise ValueError(f"challenges must be a non-empty subset of {DEFAULT_CHALLENGES}")
         super().__init__(max_turns=max_turns or DEFAULT_MAX_TURNS[difficulty])
         variants = {c: (settings or {}).get(c) or DIFFICULTIES[difficulty][c] for c in challenges}
+        # Validation after test: the wire's split-after-split numbering (data_idx) of train
+        # and test tasks stays what it was before validation existed.
         self._tasks = {
             "train": build_tasks("train", n_train, variants),
             "test": build_tasks("test", n_test, variants),
+            "validation": build_tasks("validation", n_validation, variants),
         }
         root = Path(cache_dir) if cache_dir is not None else agentgym_cache_dir("textworld")
         self.store: GameStore = game_store(root / CACHE_LAYOUT, workers)
@@ -154,8 +158,9 @@ class TextWorldEnv(TaskListsMixin, TextEnv):
         return INSTRUCTION
 
     def warm_up(self) -> None:
-        """Queue every task's game for background generation (train and test interleaved,
-        in list order) and return at once."""
+        """Queue the train and test games for background generation (interleaved, in list
+        order) and return at once. Validation games are generated on first use: a run that
+        never evaluates on validation never pays for them."""
         if not self.prefetch:
             return
         train, test = self._tasks["train"], self._tasks["test"]
@@ -172,7 +177,10 @@ class TextWorldEnv(TaskListsMixin, TextEnv):
         if count <= 0:
             return
         cached = (
-            t for split in ("test", "train") for t in self._tasks[split] if self.store.cached(t.task_id)
+            t
+            for split in ("test", "train", "validation")
+            for t in self._tasks[split]
+            if self.store.cached(t.task_id)
         )
         task = next(cached, None)
         if task is not None:

@@ -3,9 +3,15 @@
 A task is one generated game: ``(challenge, settings, seed)``. Its id reads
 ``<challenge>/<settings label>/s<seed>``, e.g. ``tw-coin_collector/level2/s7`` or
 ``tw-cooking/recipe1-take1-go1-open/s1000003``. The id fixes the game: the label spells
-out every knob, the seed picks the game, and seeds at or above :data:`TEST_SEED_OFFSET`
-belong to the test split, whose games TextWorld draws from its held-out distributions
-(unseen foods in tw-cooking and tw-simple).
+out every knob, the seed picks the game, and each split has its own seed range
+(:data:`SEED_OFFSETS`): train from 0, validation from 500,000, test from 1,000,000, each at
+most :data:`MAX_SPLIT_TASKS` long, so no two splits share a seed, an id or a game.
+
+Test games come from TextWorld's held-out distributions (unseen foods in tw-cooking and
+tw-simple). Validation games of tw-cooking come from TextWorld's ``valid`` distribution
+(its own foods and preparations, none of test's), so choices made on validation never
+see test's foods; tw-simple has only a train and a test distribution, so its validation
+games are drawn from the train one (other seeds, other games).
 
 Split ``s`` of ``n`` tasks is laid out round-robin over the challenges, and each challenge
 cycles through its settings variants, so any prefix mixes challenges and growing ``n``
@@ -22,9 +28,16 @@ from agentgym.core import Task
 from agentgym.envs.textworld.store import GameSpec
 
 TEST_SEED_OFFSET = 1_000_000
-"""Test seeds start here, far above any train seed, so the splits never share a game."""
+"""Test seeds start here, far above any train or validation seed."""
+VALIDATION_SEED_OFFSET = 500_000
+"""Validation seeds start here, between train's and test's."""
+SEED_OFFSETS = {"train": 0, "validation": VALIDATION_SEED_OFFSET, "test": TEST_SEED_OFFSET}
+MAX_SPLIT_TASKS = VALIDATION_SEED_OFFSET
+"""Tasks a split holds at most: train's seeds never reach validation's, nor validation's test's."""
 
-SPLITS = ("train", "test")
+SPLITS = ("train", "validation", "test")
+TEXTWORLD_SPLITS = {"train": "train", "validation": "valid", "test": "test"}
+"""The tw-cooking ``split`` setting (TextWorld's food distribution) of each split."""
 
 KNOBS: dict[str, dict[str, Any]] = {
     "tw-coin_collector": {"level": 1},
@@ -124,9 +137,9 @@ def generator_settings(challenge: str, settings: Mapping[str, Any], split: str) 
     """What TextWorld's ``make`` gets: the knobs plus the data-split flags it expects."""
     extra: dict[str, Any] = {}
     if challenge == "tw-cooking":
-        extra = {"split": split, "recipe_seed": 0}
+        extra = {"split": TEXTWORLD_SPLITS[split], "recipe_seed": 0}
     elif challenge == "tw-simple":
-        extra = {"test": split == "test"}
+        extra = {"test": split == "test"}  # validation: the train distribution (no other)
     return {**settings, **extra}
 
 
@@ -136,10 +149,12 @@ def build_tasks(
     variants: Mapping[str, Sequence[Mapping[str, Any]]],
 ) -> list[Task]:
     """The first ``n`` tasks of ``split`` over ``variants`` (challenge -> knob dicts)."""
-    if not 0 <= n <= TEST_SEED_OFFSET:  # more would run train seeds into the test range
-        raise ValueError(f"a split holds 0 to {TEST_SEED_OFFSET} tasks, not {n}")
+    if split not in SEED_OFFSETS:
+        raise ValueError(f"unknown split {split!r}; splits are {list(SPLITS)}")
+    if not 0 <= n <= MAX_SPLIT_TASKS:  # more would run one split's seeds into the next's
+        raise ValueError(f"a split holds 0 to {MAX_SPLIT_TASKS} tasks, not {n}")
     challenges = list(variants)
-    offset = TEST_SEED_OFFSET if split == "test" else 0
+    offset = SEED_OFFSETS[split]
     tasks = []
     for index in range(n):
         challenge = challenges[index % len(challenges)]

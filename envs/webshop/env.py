@@ -165,7 +165,9 @@ class WebShopEnv(TaskListsMixin, TextEnv):
         (``items_shuffle*.json``, ``items_ins_v2*.json``, ``items_human_ins.json``) used
         instead of the generator; goals come from the instructions file when given, else
         they are generated from the loaded products.
-    n_train / n_test: goals per split.
+    n_train / n_validation / n_test: goals per split (validation goals ask for train
+        products, with their own seeds; human goals: validation counts back from the end
+        of the instructions file).
     mode: ``"text"`` or ``"browser"`` (Playwright + chromium on the website).
     site_url: browser mode: base URL of a server of this env with the same catalog
         settings (e.g. ``http://127.0.0.1:8102``); default: a loopback site in this process.
@@ -192,6 +194,7 @@ class WebShopEnv(TaskListsMixin, TextEnv):
         instructions_file: str | None = None,
         n_train: int = 2000,
         n_test: int = 200,
+        n_validation: int = 200,
         mode: str = "text",
         site_url: str | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
@@ -202,7 +205,7 @@ class WebShopEnv(TaskListsMixin, TextEnv):
         super().__init__(max_turns=max_turns)
         source = CatalogSource(n_products, catalog_seed, products_file, attributes_file, instructions_file)
         cache = Path(cache_dir) if cache_dir is not None else agentgym_cache_dir("webshop")
-        self.world = shared_world(source, n_train, n_test, cache)
+        self.world = shared_world(source, n_train, n_test, cache, n_validation)
         self._tasks = self.world.tasks  # splits() and tasks() read it (TaskListsMixin)
         self.mode = mode
         self.shop: TextShop | BrowserShop = (

@@ -6,7 +6,10 @@ WebShop-style instruction ("i am looking for ..., and price lower than 40.00 dol
 
 Splits: the products whose catalog index is a multiple of :data:`TEST_EVERY` are the
 test targets, all others the train targets, so no test goal asks for a product a train
-goal asked for; goal ``i`` of a split is drawn with its own seed ``(split seed, i)``.
+goal asked for. Validation goals ask for train targets too (test's products stay unseen
+until the final report), with seeds of their own: goal ``i`` of a split is drawn with its
+own seed ``(split seed, i)`` (:data:`SPLIT_SEEDS`, each split at most
+:data:`MAX_SPLIT_GOALS` long), so no two splits share a goal seed.
 
 The reward of buying ``product`` with ``chosen`` options for ``goal`` (Yao et al., 2022)::
 
@@ -28,7 +31,9 @@ from agentgym.envs.webshop.catalog import Product
 
 TEST_EVERY = 5
 """Every fifth product (by catalog index) is a test target; the others are train targets."""
-SPLIT_SEEDS = {"train": 0, "test": 1_000_000}
+SPLIT_SEEDS = {"train": 0, "validation": 500_000, "test": 1_000_000}
+MAX_SPLIT_GOALS = 500_000
+"""Goals a split holds at most, so no split's seeds reach the next split's."""
 PRICE_STEPS = [10.0 * i for i in range(1, 100)]
 """WebShop's price bounds: multiples of ten dollars."""
 NO_PRICE_BOUND = 1_000_000.0
@@ -116,7 +121,7 @@ def purchase_reward(goal: Goal, product: Product, chosen: Mapping[str, str]) -> 
 
 
 def split_targets(n_products: int, split: str) -> list[int]:
-    """Catalog indices of ``split``'s target products."""
+    """Catalog indices of ``split``'s target products (validation: train's)."""
     if split == "test":
         return list(range(0, n_products, TEST_EVERY))
     return [i for i in range(n_products) if i % TEST_EVERY]
@@ -124,6 +129,10 @@ def split_targets(n_products: int, split: str) -> list[int]:
 
 def generate_goals(products: Sequence[Product], split: str, n: int) -> list[Goal]:
     """The first ``n`` goals of ``split`` (growing ``n`` only appends goals)."""
+    if split not in SPLIT_SEEDS or not 0 <= n <= MAX_SPLIT_GOALS:
+        raise ValueError(
+            f"a split ({', '.join(SPLIT_SEEDS)}) holds 0 to {MAX_SPLIT_GOALS} goals, not {split} {n}"
+        )
     targets = split_targets(len(products), split)
     if not targets:
         raise ValueError(f"the catalog has no {split} targets; it needs more products")

@@ -25,7 +25,8 @@ from agentgym.errors import UnknownTask
 
 GENERATOR_VERSION = "1"
 """Bump when the generator's output changes, so cached indexes of old catalogs are not reused."""
-SPLITS = ("train", "test")
+SPLITS = ("train", "test", "validation")
+"""In the order the wire numbers them split after split (validation came last)."""
 SEARCH_CACHE = 4096
 """Queries whose results are kept in memory per world."""
 
@@ -58,27 +59,33 @@ class CatalogSource:
 class World:
     """One catalog with its index and its goals per split."""
 
-    def __init__(self, source: CatalogSource, n_train: int, n_test: int, cache_dir: Path) -> None:
+    def __init__(
+        self, source: CatalogSource, n_train: int, n_test: int, cache_dir: Path, n_validation: int = 0
+    ) -> None:
         self.source = source
         self.fingerprint = source.fingerprint()
         self.products = source.products()
         self.by_asin = {p.asin: p for p in self.products}
         self.index = SearchIndex(self.products, cache_dir / f"index-{self.fingerprint}")
-        self.goals = self._goals(n_train, n_test)
+        self.goals = self._goals(n_train, n_test, n_validation)
         self.tasks = {split: _split_tasks(split, goals) for split, goals in self.goals.items()}
         # Agents repeat queries (paging back and forth, the expert's title searches across
         # episodes); results are immutable, so repeats are answered from memory.
         self.search = functools.lru_cache(maxsize=SEARCH_CACHE)(self.index.search)
 
-    def _goals(self, n_train: int, n_test: int) -> dict[str, list[Goal]]:
+    def _goals(self, n_train: int, n_test: int, n_validation: int) -> dict[str, list[Goal]]:
         if self.source.instructions_file:
-            # Human goals come as one shuffled list: test first, as in WebShop.
+            # Human goals come as one shuffled list: test first, as in WebShop, then train;
+            # validation counts back from the list's end (goal i is the (i+1)-th last, so
+            # growing it only appends) and stops where train's goals end.
             human = load_human_goals(self.source.instructions_file, self.products)
-            return {"train": human[n_test : n_test + n_train], "test": human[:n_test]}
-        return {
-            split: generate_goals(self.products, split, n)
-            for split, n in (("train", n_train), ("test", n_test))
-        }
+            train = human[n_test : n_test + n_train]
+            last = len(human) - 1
+            used = min(len(human), n_test + n_train)
+            validation = [human[last - i] for i in range(min(n_validation, len(human) - used))]
+            return {"train": train, "test": human[:n_test], "validation": validation}
+        sizes = (("train", n_train), ("test", n_test), ("validation", n_validation))
+        return {split: generate_goals(self.products, split, n) for split, n in sizes}
 
     def goal(self, split: str, index: int) -> Goal:
         goals = self.goals.get(split)
@@ -108,11 +115,13 @@ _worlds: dict[tuple, World] = {}
 _worlds_lock = threading.Lock()
 
 
-def shared_world(source: CatalogSource, n_train: int, n_test: int, cache_dir: Path) -> World:
+def shared_world(
+    source: CatalogSource, n_train: int, n_test: int, cache_dir: Path, n_validation: int = 0
+) -> World:
     """The process-wide world of this config, built on first use (once, even when many
     sessions start at the same moment)."""
-    key = (source, n_train, n_test, str(cache_dir))
+    key = (source, n_train, n_test, n_validation, str(cache_dir))
     with _worlds_lock:
         if key not in _worlds:
-            _worlds[key] = World(source, n_train, n_test, cache_dir)
+            _worlds[key] = World(source, n_train, n_test, cache_dir, n_validation)
         return _worlds[key]
