@@ -19,9 +19,13 @@ them, plus ``--set``) and differ only as named: the algorithm, fixed horizon
 (``max_turns`` = the schedule's last round) or ScalingInter-RL, and ``bc-continued``: no
 RL, behaviour cloning continued for as long as the same seed's first RL arm spent in RL
 (its wall time over a BC step's), so the table shows whether RL beats more imitation.
-Every arm is evaluated on the same frozen test tasks, greedily, at the same horizon.
+Every arm is evaluated greedily at the env's fixed held-out turn limit on the same
+validation tasks (``eval_every`` = the RL steps: after cloning and at the end), where
+choices are made, and on the same frozen test tasks, reported once per configuration.
+Seeds run one after another, every arm of a seed before the next seed, so an interrupted
+bench leaves whole seeds.
 
-The table: held-out success after behaviour cloning and at the end (over task x seed, 95%
+Two tables, validation then test: held-out success after behaviour cloning and at the end (over task x seed, 95%
 interval, and each seed's), the gain over ``bc-continued`` paired per task within each seed
 (an interval holding 0 means the difference is inside the noise) and its per-episode
 interval, train success at the last RL step, the token entropy of the last update, and mean
@@ -97,10 +101,11 @@ def main() -> None:
     }
     # What `agentgym train --env ENV` starts from; fails here, before any run, on a bad --set.
     base = TrainConfig.from_dict(env_layer(args.env)).with_overrides(shared)
+    shared.setdefault("eval_every", max(1, base.steps))  # validation after cloning and at the end
     if not args.report_only:
-        # bc-continued is timed by an RL arm of the same seed: RL arms first.
-        for arm in sorted(arms, key=lambda a: a == BC_ARM):
-            for seed in args.seeds:
+        for seed in args.seeds:
+            # bc-continued is timed by an RL arm of the same seed: RL arms first.
+            for arm in sorted(arms, key=lambda a: a == BC_ARM):
                 train(args.out / args.env, arm, seed, base, shared, arms)
     report(args.out / args.env, arms, args.seeds)
 
@@ -183,41 +188,51 @@ def extra_bc_steps(root: Path, arms: list[str], seed: int) -> int:
     return max(1, round(sum(rl) / (sum(bc) / len(bc))))
 
 
+PANELS = {"validation": "val_outcomes", "test": "eval_outcomes"}
+"""The tables, in order: where choices are made, then the frozen test panel."""
+
+
 def report(root: Path, arms: list[str], seeds: list[int]) -> None:
-    """Print the table; write it to ``root/table.txt``, with ``root/manifest.json`` beside it."""
-    table = build_table(root, arms, seeds)
-    console.print(table)
-    if root.is_dir():
-        text = Console(width=200, record=True, file=io.StringIO())
+    """Print the tables; write them to ``root/table.txt``, with ``root/manifest.json`` beside."""
+    tables = [build_table(root, arms, seeds, panel) for panel in PANELS]
+    text = Console(width=200, record=True, file=io.StringIO())
+    for table in tables:
+        console.print(table)
         text.print(table)
+    if root.is_dir():
         (root / TABLE_FILE).write_text(text.export_text())
         manifest.write_manifest(root, bench_manifest(root, arms, seeds))
 
 
-def build_table(root: Path, arms: list[str], seeds: list[int]) -> Table:
-    """The table of every arm's finished runs under ``root``."""
+def build_table(root: Path, arms: list[str], seeds: list[int], panel: str = "test") -> Table:
+    """The table of every arm's finished runs under ``root`` on ``panel`` (:data:`PANELS`)."""
+    key = PANELS[panel]
     table = Table(
-        title=f"held-out success on {root.name} (greedy, frozen test tasks), % [95% interval]",
+        title=f"held-out success on {root.name}, {panel} tasks (greedy), % [95% interval]",
         caption=CAPTION,
     )
     columns = ["arm", "seeds", "after BC", "held-out at end", "per seed", f"vs {BC_ARM} (paired)"]
     columns += ["per-episode", "train success", "entropy", "step time/run"]
     for column in columns:
         table.add_column(column)
-    reference = {s: _final_outcomes(run_dir(root, BC_ARM, s)) for s in seeds}
+    reference = {s: _final_outcomes(run_dir(root, BC_ARM, s), key) for s in seeds}
     for arm in arms:
         done = [s for s in seeds if finished(run_dir(root, arm, s))]
         if not done:
             table.add_row(arm, "0", "not run yet", *[""] * (len(columns) - 3))
             continue
-        table.add_row(arm, str(len(done)), *arm_figures(root, arm, done, reference))
+        table.add_row(arm, str(len(done)), *arm_figures(root, arm, done, reference, key))
     return table
 
 
-def arm_figures(root: Path, arm: str, seeds: list[int], reference: dict[int, dict[str, float]]) -> list[str]:
-    outcomes = {s: _final_outcomes(run_dir(root, arm, s)) for s in seeds}
+def arm_figures(
+    root: Path, arm: str, seeds: list[int], reference: dict[int, dict[str, float]], key: str = "eval_outcomes"
+) -> list[str]:
+    outcomes = {s: _final_outcomes(run_dir(root, arm, s), key) for s in seeds}
+    if not all(outcomes.values()):
+        return ["not evaluated on this panel", *[""] * 7]
     at_end = heldout.summarise(list(outcomes.values()))
-    before = [heldout.outcomes_by_phase(_records(run_dir(root, arm, s)))[0] for s in seeds]
+    before = [heldout.outcomes_by_phase(_records(run_dir(root, arm, s)), key)[0] for s in seeds]
     after_bc = heldout.summarise(before).points() if any(before) and arm != BC_ARM else ""
     per_seed = ", ".join(f"{100 * sum(o.values()) / len(o):.0f}" for o in outcomes.values())
     pairs = [(reference[s], outcomes[s]) for s in seeds if reference.get(s)]
@@ -260,11 +275,12 @@ def bench_manifest(root: Path, arms: list[str], seeds: list[int]) -> dict[str, A
     )
 
 
-def _final_outcomes(folder: Path) -> dict[str, float]:
-    """Each test task's outcome at the run's last evaluation (empty: not finished)."""
+def _final_outcomes(folder: Path, key: str = "eval_outcomes") -> dict[str, float]:
+    """Each task's outcome at the run's last evaluation on ``key``'s panel (empty: not
+    finished, or never evaluated there)."""
     if not finished(folder):
         return {}
-    return next((r["eval_outcomes"] for r in reversed(_records(folder)) if r.get("eval_outcomes")), {})
+    return next((r[key] for r in reversed(_records(folder)) if r.get(key)), {})
 
 
 def _config(folder: Path) -> dict[str, Any]:

@@ -308,3 +308,27 @@ def test_the_bench_table_and_manifest_from_saved_runs(tmp_path: Path) -> None:
     assert written["seeds"] == seeds and written["tasks"] == tasks(10)
     assert written["model_sha256"] == "ab" * 32 and written["generator"] == "hf"
     assert sorted(written["config"]) == sorted(["bapo+scaling-inter", bench.BC_ARM])
+    # These runs logged no validation: that table says so instead of reading the test panel.
+    validation = bench.build_table(root, arms, seeds, "validation")
+    assert validation.columns[2]._cells[0] == "not evaluated on this panel"
+    assert "validation tasks" in (root / bench.TABLE_FILE).read_text()
+
+
+def test_the_bench_validation_table_reads_validation_outcomes(tmp_path: Path) -> None:
+    bench = load_bench()
+    root = tmp_path / "textworld"
+    for seed, k in enumerate((1, 2, 3)):
+        before, after = run_with_gain(2, 2 + k)
+        for arm, steps, end in (("bapo+scaling-inter", 2, after), (bench.BC_ARM, 0, before)):
+            folder = bench.run_dir(root, arm, seed)
+            fake_run(folder, 2 + 2 * (arm == bench.BC_ARM), steps, {}, {}, sha=None)
+            records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+            for record in records:  # the test panel is gone; validation holds the figures
+                record.pop("eval_outcomes", None)
+            records[1]["val_outcomes"], records[-1]["val_outcomes"] = before, end
+            (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    table = bench.build_table(root, ["bapo+scaling-inter", bench.BC_ARM], [0, 1, 2], "validation")
+    cells = {column.header: column._cells for column in table.columns}
+    expected = heldout.compare([run_with_gain(2, 2 + k) for k in (1, 2, 3)])
+    assert cells["held-out at end"][0] == expected.after_rl.points()
+    assert cells[f"vs {bench.BC_ARM} (paired)"][0] == expected.gain.points()

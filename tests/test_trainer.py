@@ -50,7 +50,9 @@ def choice_config(algo: str, **overrides: object) -> TrainConfig:
 
 @pytest.mark.parametrize("algo", ["bapo", "grpo"])
 def test_policy_learns_the_one_turn_task_from_reward_alone(algo: str, tmp_path: Path) -> None:
-    run = Trainer(choice_config(algo), tmp_path / algo).run()
+    # grpo's KL term (0.04, its paper's) gives every episode a gradient, doubling this test's
+    # time; what is tested here is learning from the clipped surrogate, so it is left out.
+    run = Trainer(choice_config(algo, kl_coef=0.0), tmp_path / algo).run()
     history = run_metrics(run)
     first, last = history[0], history[-1]
     print(

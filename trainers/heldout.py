@@ -282,13 +282,16 @@ def summarise(
 # ----- before and after RL -------------------------------------------------------------
 
 
-def outcomes_by_phase(records: Iterable[Mapping[str, Any]]) -> tuple[dict[str, float], dict[str, float]]:
+def outcomes_by_phase(
+    records: Iterable[Mapping[str, Any]], key: str = "eval_outcomes"
+) -> tuple[dict[str, float], dict[str, float]]:
     """The last evaluation before RL (:data:`BEFORE_PHASES`) and the last one after it, from
-    a run's metrics records (``eval_outcomes``: task id -> 1/0)."""
+    a run's metrics records (``key``: task id -> 1/0; ``eval_outcomes`` for the test panel,
+    ``val_outcomes`` for validation)."""
     before: dict[str, float] = {}
     after: dict[str, float] = {}
     for record in records:
-        outcomes = record.get("eval_outcomes")
+        outcomes = record.get(key)
         if outcomes:
             if record.get("phase") in BEFORE_PHASES:
                 before = dict(outcomes)
