@@ -41,6 +41,7 @@ import argparse
 import io
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -176,7 +177,10 @@ def arm_overrides(arm: str, seed: int, base: TrainConfig, root: Path, arms: list
 
 
 def extra_bc_steps(root: Path, arms: list[str], seed: int) -> int:
-    """BC steps that take as long as the reference RL arm's RL phase took (same seed)."""
+    """BC steps that take as long as the reference RL arm's RL phase took (same seed), at a
+    cloning step's median time: the first steps' one-off costs (playing the expert's
+    demonstrations, warm-up) are not paid again by cloning continued, and would cut its
+    budget by a third if averaged in."""
     reference = next((a for a in arms if a != BC_ARM), None)
     records = _records(run_dir(root, reference, seed)) if reference else []
     bc = [r["step_s"] for r in records if r["phase"] == "bc"]
@@ -185,7 +189,7 @@ def extra_bc_steps(root: Path, arms: list[str], seed: int) -> int:
         raise SystemExit(
             f"{BC_ARM} is timed by a finished {reference} run of seed {seed}: run that arm first"
         )
-    return max(1, round(sum(rl) / (sum(bc) / len(bc))))
+    return max(1, round(sum(rl) / statistics.median(bc)))
 
 
 PANELS = {"validation": "val_outcomes", "test": "eval_outcomes"}
