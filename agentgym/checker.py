@@ -1,7 +1,7 @@
 """``agentgym check-env URL``: wire API v1 conformance checks for any env server.
 
 The HTTP counterpart of Gymnasium's ``utils/env_checker.py``: :func:`run_checks` plays
-the contract of DESIGN.md ("Wire API v1") against a live server written in any language.
+the contract of wire API v1 (docs/api.md) against a live server written in any language.
 It speaks raw HTTP through ``httpx`` rather than :class:`agentgym.client.EnvClient`, so a
 client that papers over a protocol slip cannot hide it.
 

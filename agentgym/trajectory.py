@@ -1,4 +1,4 @@
-"""The trajectory record (DESIGN.md, "Trajectory record"), its crash-safe JSONL store, and
+"""The trajectory record (docs/trajectories.md), its crash-safe JSONL store, and
 import/export of AgentGym's conversation format.
 
 One :class:`Trajectory` per episode. Token fields are set for token-level policies only
