@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from agentgym import cache
 from agentgym.policies.models import ModelSource
 from agentgym.trainers import heldout, manifest
 
@@ -239,19 +240,19 @@ def test_a_file_hash_is_cached_by_size_and_mtime(tmp_path: Path, monkeypatch: py
     monkeypatch.setenv("AGENTGYM_CACHE", str(tmp_path / "cache"))
     weights = tmp_path / "weights.bin"
     weights.write_bytes(b"weights")
-    assert manifest.file_sha256(weights) == hashlib.sha256(b"weights").hexdigest()
+    assert cache.file_sha256(weights) == hashlib.sha256(b"weights").hexdigest()
     assert (tmp_path / "cache" / "hashes" / "sha256.json").is_file()
 
     def unreadable(*args: Any) -> Any:
         raise AssertionError("hashed again")
 
-    monkeypatch.setattr(manifest.hashlib, "file_digest", unreadable)
-    manifest._HASHES.clear()  # a new process: the cache on disk answers
-    assert manifest.file_sha256(weights) == hashlib.sha256(b"weights").hexdigest()
+    monkeypatch.setattr(cache.hashlib, "file_digest", unreadable)
+    cache._HASHES.clear()  # a new process: the cache on disk answers
+    assert cache.file_sha256(weights) == hashlib.sha256(b"weights").hexdigest()
     monkeypatch.undo()
     monkeypatch.setenv("AGENTGYM_CACHE", str(tmp_path / "cache"))
     weights.write_bytes(b"other weights")  # another size: hashed anew
-    assert manifest.file_sha256(weights) == hashlib.sha256(b"other weights").hexdigest()
+    assert cache.file_sha256(weights) == hashlib.sha256(b"other weights").hexdigest()
 
 
 # ----- bench/learning.py's table, from synthetic run folders -------------------------------

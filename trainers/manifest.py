@@ -8,17 +8,14 @@ trainer saves it. Nothing here may fail a run: what cannot be found is None.
 
 The model's sha256 is the one ``agentgym eval`` records in ``results.json``
 (:meth:`agentgym.policies.models.ModelSource.describe`): over the names and sha256 of the
-files of the model folder loaded (and of the checkpoint merged in, for a run). Each file's
-sha256 is cached by path, size and modification time under ``$AGENTGYM_CACHE/hashes``, so
-it is computed once per file.
+files of the model folder loaded (and of the checkpoint merged in, for a run), each file's
+hash cached (:func:`agentgym.cache.file_sha256`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
 import platform
 import subprocess
 from collections.abc import Iterable, Mapping
@@ -26,7 +23,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from agentgym.cache import cache_dir
+from agentgym.policies.models import ModelSource
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +43,6 @@ FIELDS = (
 
 ROOT = Path(__file__).resolve().parent.parent
 """The project's checkout (the folder above ``trainers/``), where ``git`` is asked."""
-
-_HASHES: dict[str, tuple[int, int, str]] = {}
-"""In-process cache: absolute path -> (size, mtime_ns, sha256)."""
 
 
 def build_manifest(
@@ -102,14 +96,12 @@ def package_version(name: str) -> str | None:
 def model_sha256(path: str | Path, checkpoint: str | Path | None = None) -> str | None:
     """The sha256 :meth:`~agentgym.policies.models.ModelSource.describe` gives the model
     folder ``path`` (and ``checkpoint``); None when a folder cannot be read."""
+    source = ModelSource(str(path), str(path), None if checkpoint is None else str(checkpoint))
     try:
-        digest = hashlib.sha256(folder_sha256(Path(path)).encode())
-        if checkpoint is not None:
-            digest.update(folder_sha256(Path(checkpoint)).encode())
+        return source.describe()["sha256"]
     except OSError as exc:
         log.warning("manifest: cannot hash the model at %s: %s", path, exc)
         return None
-    return digest.hexdigest()
 
 
 def source_sha256(source: Any) -> str | None:
@@ -117,56 +109,3 @@ def source_sha256(source: Any) -> str | None:
     if source is None or not getattr(source, "path", None):
         return None
     return model_sha256(source.path, getattr(source, "checkpoint", None))
-
-
-def folder_sha256(folder: Path) -> str:
-    """sha256 over the names and sha256 of the files in ``folder`` (not hidden ones, not
-    sub-folders), as :func:`agentgym.policies.models.folder_digest`, each file's hash cached."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")):
-        digest.update(path.name.encode() + b"\0" + bytes.fromhex(file_sha256(path)))
-    return digest.hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    """The file's sha256, cached by absolute path, size and modification time (in this
-    process and on disk), so an unchanged weights file is read once."""
-    path = Path(path).resolve()
-    stat = path.stat()
-    key, stamp = str(path), (stat.st_size, stat.st_mtime_ns)
-    cached = _HASHES.get(key) or _disk_cache().get(key)
-    if cached is not None and tuple(cached[:2]) == stamp:
-        _HASHES[key] = (*stamp, cached[2])
-        return cached[2]
-    with open(path, "rb") as handle:
-        value = hashlib.file_digest(handle, "sha256").hexdigest()
-    _HASHES[key] = (*stamp, value)
-    _store(key, [*stamp, value])
-    return value
-
-
-def _cache_file() -> Path:
-    return cache_dir("hashes") / "sha256.json"
-
-
-def _disk_cache() -> dict[str, list[Any]]:
-    try:
-        loaded = json.loads(_cache_file().read_text())
-    except (OSError, ValueError):
-        return {}
-    return loaded if isinstance(loaded, dict) else {}
-
-
-def _store(key: str, entry: list[Any]) -> None:
-    """Add ``entry`` to the on-disk cache (written whole, atomically); a cache that cannot be
-    written is only a cache."""
-    try:
-        entries = _disk_cache()
-        entries[key] = entry
-        target = _cache_file()
-        target.parent.mkdir(parents=True, exist_ok=True)
-        temporary = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(entries))
-        temporary.replace(target)
-    except OSError as exc:
-        log.debug("sha256 cache not written: %s", exc)

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentgym.cache import cache_dir
+from agentgym.cache import cache_dir, file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -247,8 +247,7 @@ def folder_digest(folder: Path) -> str:
     sub-folders): weights, config and tokenizer of a model folder."""
     digest = hashlib.sha256()
     for path in sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")):
-        with open(path, "rb") as handle:
-            digest.update(path.name.encode() + b"\0" + hashlib.file_digest(handle, "sha256").digest())
+        digest.update(path.name.encode() + b"\0" + bytes.fromhex(file_sha256(path)))
     return digest.hexdigest()
 
 
