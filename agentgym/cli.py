@@ -6,9 +6,10 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, TypeVar
 
@@ -135,6 +136,21 @@ def serve(
         str | None, typer.Option(envvar="AGENTGYM_TOKEN", help="Require this bearer token.")
     ] = None,
     max_body_bytes: Annotated[int, typer.Option(min=256, help="Largest request body (413 beyond).")] = 65536,
+    max_header_bytes: Annotated[
+        int, typer.Option(min=1024, help="Largest request head: URL and headers (431 beyond).")
+    ] = 16 * 1024,
+    max_header_fields: Annotated[int, typer.Option(min=8, help="Header fields at most (431 beyond).")] = 100,
+    request_timeout: Annotated[
+        float, typer.Option(min=0.1, help="Seconds a request may take to arrive (408 beyond).")
+    ] = 30.0,
+    max_sessions_per_client: Annotated[
+        int | None,
+        typer.Option(min=1, help="Live sessions one client may hold (429 beyond; default: no quota)."),
+    ] = None,
+    quota_by_token: Annotated[
+        bool,
+        typer.Option(help="Count the quota per bearer token, not per address (behind a per-user proxy)."),
+    ] = False,
     engine_threads: Annotated[int, typer.Option(min=1, help="Threads for blocking engine calls.")] = 16,
     step_deadline: Annotated[
         float, typer.Option(min=0.1, help="Seconds a step may take before its session fails (503).")
@@ -169,6 +185,11 @@ def serve(
         ttl=ttl,
         token=token,
         max_body_bytes=max_body_bytes,
+        max_header_bytes=max_header_bytes,
+        max_header_fields=max_header_fields,
+        request_timeout=request_timeout,
+        max_sessions_per_client=max_sessions_per_client,
+        quota_by_token=quota_by_token,
         engine_threads=engine_threads,
         step_deadline=step_deadline,
         reset_deadline=reset_deadline,
@@ -220,6 +241,20 @@ def parse_replica_counts(specs: list[str]) -> dict[str, int]:
     return counts
 
 
+def parse_ports(spec: str) -> list[int]:
+    """``"9100-9102,9110"`` -> ``[9100, 9101, 9102, 9110]``; exits 2 on anything else."""
+    ports: list[int] = []
+    for part in spec.split(","):
+        low, sep, high = part.strip().partition("-")
+        first, last = decimal(low), decimal(high) if sep else decimal(low)
+        if first is None or last is None or not 0 < first <= last < 65536:
+            raise fail(
+                f"--replica-ports expects ports and ranges like 9100-9199,9300, got {spec!r}", EXIT_USAGE
+            )
+        ports.extend(range(first, last + 1))
+    return list(dict.fromkeys(ports))
+
+
 def parse_replica_urls(pairs: list[str], config: Path | None) -> dict[str, list[str]]:
     """Replica URLs per env from ``--replica ENV=URL`` flags and a YAML file
     ``{replicas: {ENV: [URL, ...]}}`` (both add up); exits 2 on a bad entry."""
@@ -253,6 +288,12 @@ def gateway(
     health_interval: Annotated[float, typer.Option(min=0.1, help="Seconds between replica polls.")] = 2.0,
     timeout: Annotated[float, typer.Option(min=1, help="Seconds a forwarded request may take.")] = 120.0,
     max_body_bytes: Annotated[int, typer.Option(min=1, help="Larger request bodies get 413.")] = 64 * 1024,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="AGENTGYM_TOKEN", help="The replicas' token: /health lists replica URLs only with it."
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
     fd: FdOpt = None,
 ) -> None:
@@ -270,6 +311,7 @@ def gateway(
         health_interval=health_interval,
         timeout=timeout,
         max_body_bytes=max_body_bytes,
+        token=token,
     )
     sock = listening_socket(host, port, fd, "agentgym gateway")
     console.print(f"gateway at http://{host}:{port}/envs/ENV  (Ctrl-C stops)", soft_wrap=True)
@@ -299,45 +341,83 @@ def up(
             min=0, help="Each server's --warm: engines started ahead of demand (default: 2 per core)."
         ),
     ] = None,
+    replica_ports: Annotated[
+        str | None,
+        typer.Option(
+            help="Ports for the env servers, e.g. 9100-9199 or 9100,9102 (taken in order, skipping "
+            "busy ones; default: free ports behind a gateway, the scheme's without)."
+        ),
+    ] = None,
 ) -> None:
     """Start local env servers as subprocesses, each on its port of the scheme (base port +
     the env's offset; with ENV=N, N replicas on free ports behind a gateway on the base port);
-    a server that dies is reported and restarted with backoff; Ctrl-C stops them all."""
+    a server that dies is reported and restarted with backoff. SIGINT (Ctrl-C) or SIGTERM
+    stops them all, the gateway first, and exits 0."""
     from agentgym.servers.launcher import PortInUse, Supervisor, serve_fleet, serve_processes
 
     specs = envs or registry.names()
     counts = parse_replica_counts(specs)
     base = _base_port(base_port)
+    ports = parse_ports(replica_ports) if replica_ports else []
+    if ports and len(ports) < sum(counts.values()):
+        raise fail(
+            f"--replica-ports {replica_ports} has fewer ports than the {sum(counts.values())} servers",
+            EXIT_USAGE,
+        )
     if use_gateway is None:
         use_gateway = any("=" in spec for spec in specs)
     os.makedirs(log_dir, exist_ok=True)
     server_args = ["--warm", str(warm)] if warm is not None else []
     common = dict(host=host, log_dir=log_dir, timeout=timeout, server_args=server_args)
     if use_gateway:
-        starting = serve_fleet(counts, gateway_port=gateway_port or base, **common)
+        starting = serve_fleet(counts, gateway_port=gateway_port or base, replica_ports=ports, **common)
     else:
-        starting = serve_processes(list(counts), base=base, **common)
-    with console.status(f"starting {', '.join(specs)} ..."):
-        stack = contextlib.ExitStack()
-        try:
-            servers = stack.enter_context(starting)
-        except PortInUse as exc:
-            stack.close()
-            raise fail(f"{exc}: stop what holds it, or move every port with --base-port") from None
-        except (RuntimeError, TimeoutError) as exc:
-            stack.close()
-            raise fail(f"{exc} (see the logs in {log_dir}/)") from None
-    with stack:
+        starting = serve_processes(list(counts), base=base, ports=ports, **common)
+    stack = contextlib.ExitStack()
+    try:
+        stack.enter_context(_stop_on_signals())  # left last: stopping is not interrupted
+        with console.status(f"starting {', '.join(specs)} ..."):
+            try:
+                servers = stack.enter_context(starting)
+            except PortInUse as exc:
+                hint = "stop what holds it, or choose other ports (--base-port, --replica-ports)"
+                raise fail(f"{exc}: {hint}") from None
+            except (RuntimeError, TimeoutError) as exc:
+                raise fail(f"{exc} (see the logs in {log_dir}/)") from None
         _print_servers(servers, list(counts) if use_gateway else [])
         supervisor = Supervisor(servers)
-        try:
-            while True:  # a server that dies is restarted; the others (and the gateway) keep serving
-                for event in supervisor.poll():
-                    console.print(f"[yellow]{event}[/] (see {log_dir}/)")
-                time.sleep(0.5)
-        except KeyboardInterrupt:
-            console.print("stopping ...")
+        while True:  # a server that dies is restarted; the others (and the gateway) keep serving
+            for event in supervisor.poll():
+                console.print(f"[yellow]{event}[/] (see {log_dir}/)")
+            time.sleep(0.5)
+    except KeyboardInterrupt:  # a signal while starting (what started is stopped) or serving
+        console.print("stopping ...")
+    finally:
+        stack.close()
     console.print("all servers stopped.")
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    """Within: SIGINT and SIGTERM raise KeyboardInterrupt, however ``up`` was started (a
+    shell that starts a job in the background hands it SIGINT ignored, and SIGTERM's
+    default would end ``up`` before it stops its children). The first signal starts the
+    stop; later ones are ignored so that it runs to the end (each child gets SIGINT, then
+    SIGKILL after 15 s). The previous handlers come back on exit."""
+
+    def stop(signum: int, frame: object) -> None:
+        for each in previous:
+            signal.signal(each, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    previous = {each: signal.getsignal(each) for each in (signal.SIGINT, signal.SIGTERM)}
+    for each in previous:
+        signal.signal(each, stop)
+    try:
+        yield
+    finally:
+        for each, handler in previous.items():
+            signal.signal(each, handler)
 
 
 def _print_servers(servers: list[ServerProcess], gateway_envs: list[str]) -> None:
@@ -1084,6 +1164,7 @@ EXAMPLES: dict[str, list[str]] = {
     "up": [
         "agentgym up textworld search  # textworld on :8101, search on :8103",
         "agentgym up textworld=3 --base-port 9100  # 3 replicas behind a gateway: http://127.0.0.1:9100/envs/textworld",
+        "agentgym up textworld=3 --replica-ports 9101-9199  # the replicas on ports of your choice",
     ],
     "envs": ["agentgym envs", "agentgym envs --base-port 9100"],
     "check-env": ["agentgym check-env http://127.0.0.1:8101"],

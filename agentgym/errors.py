@@ -92,6 +92,14 @@ class PayloadTooLarge(AgentGymError):
     code = "payload_too_large"
 
 
+class RequestTimeout(AgentGymError):
+    """The request did not arrive in time: its head or its body stalled, or the body was
+    shorter than its ``Content-Length`` (``ServerConfig.request_timeout``)."""
+
+    status = 408
+    code = "request_timeout"
+
+
 class SchemaError(AgentGymError):
     """Fields, or reset options such as ``options.max_turns``, are missing, of the wrong type,
     out of range, or not allowed."""
@@ -101,10 +109,19 @@ class SchemaError(AgentGymError):
 
 
 class AtCapacity(AgentGymError):
-    """The server holds its maximum number of sessions; retry after ``retry_after`` s."""
+    """The server holds its maximum number of sessions, or the client its quota
+    (``ServerConfig.max_sessions_per_client``); retry after ``retry_after`` s."""
 
     status = 429
     code = "at_capacity"
+
+
+class HeadersTooLarge(AgentGymError):
+    """The request's head (request line and header fields) exceeds the server's limits
+    (``ServerConfig.max_header_bytes`` or ``max_header_fields``)."""
+
+    status = 431
+    code = "headers_too_large"
 
 
 class Unauthorized(AgentGymError):
@@ -132,9 +149,11 @@ ERRORS_BY_CODE: dict[str, type[AgentGymError]] = {
         NotFound,
         MethodNotAllowed,
         EpisodeOver,
+        RequestTimeout,
         PayloadTooLarge,
         SchemaError,
         AtCapacity,
+        HeadersTooLarge,
         Unauthorized,
         EngineError,
     )

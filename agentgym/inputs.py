@@ -26,6 +26,13 @@ MAX_ACTION_CHARS = 2000
 MAX_TURNS_LIMIT = 100_000
 """The largest ``options.max_turns`` accepted: far above any real episode, small enough
 that no counter or schedule built from it misbehaves."""
+MAX_OPTION_DEPTH = 16
+"""Containers nested in ``options`` at most: an unknown key nested ~500 deep passed every
+check and then broke the engine worker's pickling (503, and a reset lost its session)."""
+MAX_OPTION_VALUES = 1000
+"""Values in ``options`` at most (containers and scalars, keys not counted)."""
+MAX_OPTION_CHARS = 16 * 1024
+"""Characters of keys and strings in ``options`` at most."""
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 """C0/C1 control characters except tab, newline and carriage return (which free-text
@@ -103,6 +110,7 @@ def check_common_options(options: object) -> dict[str, Any]:
         return {}
     if not isinstance(options, dict):
         raise SchemaError(f"options must be an object, got {type(options).__name__}")
+    _check_size(options)
     options = dict(options)
     if options.get("max_turns") is not None:
         options["max_turns"] = as_integer(options["max_turns"], "options.max_turns", 0, MAX_TURNS_LIMIT)
@@ -111,6 +119,29 @@ def check_common_options(options: object) -> dict[str, Any]:
     if "index" in options:
         options["index"] = as_integer(options["index"], "options.index", 0, None)
     return options
+
+
+def _check_size(options: dict[str, Any]) -> None:
+    """SchemaError unless ``options`` is within MAX_OPTION_DEPTH, _VALUES and _CHARS. Walked
+    without recursion, so no nesting can exhaust the stack here."""
+    values, chars = 0, 0
+    pending: list[tuple[object, int]] = [(options, 0)]
+    while pending:
+        value, depth = pending.pop()
+        values += 1
+        if depth > MAX_OPTION_DEPTH:
+            raise SchemaError(f"options are nested more than {MAX_OPTION_DEPTH} deep")
+        if isinstance(value, dict):
+            chars += sum(len(key) for key in value if isinstance(key, str))
+            pending += [(item, depth + 1) for item in value.values()]
+        elif isinstance(value, list | tuple):
+            pending += [(item, depth + 1) for item in value]
+        elif isinstance(value, str):
+            chars += len(value)
+        if values + len(pending) > MAX_OPTION_VALUES:
+            raise SchemaError(f"options hold more than {MAX_OPTION_VALUES} values")
+        if chars > MAX_OPTION_CHARS:
+            raise SchemaError(f"options hold more than {MAX_OPTION_CHARS} characters")
 
 
 def as_integer(value: object, name: str, low: int, high: int | None = None) -> int:

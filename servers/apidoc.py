@@ -33,9 +33,22 @@ or breaks the env's own rules (textworld: printable ASCII only, no backslash, 19
 most; see docs/envs). Reset options are type-checked with 422 `validation_error`:
 `options.max_turns` is null or an integer 0..100000 (0 and null mean the env's default;
 an integral float such as `5.0` counts as an integer), `options.split` a string,
-`options.index` an integer >= 0, plus each env's own options. 503 `engine_failed` means
-only that the engine itself failed (the session is closed); it is never the answer to a
-bad request.
+`options.index` an integer >= 0, plus each env's own options; all options together are
+nested at most 16 deep and hold at most 1000 values and 16384 characters. 503
+`engine_failed` means only that the engine itself failed (the session is closed); it is
+never the answer to a bad request.
+
+A request head (request line and header fields) over 16 KiB or 100 fields is 431
+`headers_too_large`; a head or body that has not arrived within 30 s (a body shorter than
+its `Content-Length`) is 408 `request_timeout`, and the connection is closed
+(`ServerConfig.max_header_bytes`, `max_header_fields`, `request_timeout`). With
+`ServerConfig.max_sessions_per_client`, a client that holds that many sessions gets 429
+`at_capacity` for another, by any route.
+
+AgentGym-compatible integer ids (`/create`'s answer) are random in [1, 2^53) and name only
+sessions created by `/create`: sessions of wire API v1, OpenEnv and `/ws` have none, and
+an id that names no live session (never given, closed, or from before a restart) is 404
+`session_not_found`.
 """
 
 

@@ -32,8 +32,15 @@ from agentgym.errors import (
 )
 from agentgym.servers.compat import compat_router
 from agentgym.servers.episodes import play_step, reset_kwargs
+from agentgym.servers.http_protocol import LIMITS_STATE, REQUEST_TIMEOUT_S, RequestLimits
 from agentgym.servers.metrics import CONTENT_TYPE, ServerMetrics
-from agentgym.servers.middleware import error_response, guards, unexpected_error_response
+from agentgym.servers.middleware import (
+    ClientOf,
+    client_key,
+    error_response,
+    guards,
+    unexpected_error_response,
+)
 from agentgym.servers.openenv import openenv_routers
 from agentgym.servers.sessions import EngineHost, SessionManager, ThreadEngines
 from agentgym.servers.step_lane import Step, StepLane, is_json_step
@@ -84,6 +91,21 @@ class ServerConfig:
     failed with 503 ``engine_failed``; a backstop for engine hangs the input rules miss."""
     reset_deadline: float | None = 600.0
     """Seconds a reset may take (it may wait for its game to be generated)."""
+    max_sessions_per_client: int | None = None
+    """Live sessions one client may hold, created by any route (429 beyond), so that no
+    client can take every slot; None: no quota. A client is its peer address (behind a
+    proxy: the X-Forwarded-For that uvicorn trusts from ``--forwarded-allow-ips``)."""
+    quota_by_token: bool = False
+    """Count a client's sessions by its bearer token instead (requests without one: by
+    address): for a server behind a proxy that gives each user a token of their own.
+    Never on a server open to clients directly, which could send a fresh token per session."""
+    max_header_bytes: int = 16 * 1024
+    """A request head (request line and header fields) larger than this gets 431."""
+    max_header_fields: int = 100
+    """A request with more header fields gets 431."""
+    request_timeout: float = REQUEST_TIMEOUT_S
+    """Seconds a request (head and body) may take to arrive (408 after): a stalled request,
+    or a body shorter than its Content-Length, frees its connection."""
 
 
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -145,16 +167,22 @@ def create_app(config: ServerConfig) -> EnvServerApp:
         ttl=config.ttl,
         step_deadline=config.step_deadline,
         reset_deadline=config.reset_deadline,
+        max_per_client=config.max_sessions_per_client,
     )
     metrics = ServerMetrics(config.env, sessions)
+    limits = RequestLimits(config.max_header_bytes, config.max_header_fields, config.request_timeout)
 
     @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, Any]]:
         catalog.warm_up()
         await sessions.start()
-        yield
+        yield {LIMITS_STATE: limits}  # the lifespan state is where our HTTP protocol reads them
         await sessions.shutdown()
         catalog.close()
+
+    def client_of(scope: Scope) -> str | None:
+        """Whose quota a new session counts against (None: no quotas)."""
+        return None if config.max_sessions_per_client is None else client_key(scope, config.quota_by_token)
 
     app = EnvServerApp(
         title=f"AgentGym env server: {config.env}",
@@ -166,7 +194,7 @@ def create_app(config: ServerConfig) -> EnvServerApp:
     app.state.sessions, app.state.catalog, app.state.metrics = sessions, catalog, metrics
     install_error_handlers(app)
     step = step_function(catalog, sessions, metrics)
-    v1 = _v1_router(config, catalog, sessions, metrics, step)
+    v1 = _v1_router(config, catalog, sessions, metrics, step, client_of)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     lane: ASGIApp = StepLane(app.through_fastapi, step, STEP_ROUTE, StepResult, metrics)
     for middleware, options in reversed(guards(config.max_body_bytes, config.token)):  # innermost first
@@ -174,8 +202,8 @@ def create_app(config: ServerConfig) -> EnvServerApp:
         lane = middleware(lane, **options)
     app.step_lane = lane
     app.include_router(v1)
-    app.include_router(compat_router(catalog, sessions))
-    for router in openenv_routers(catalog, sessions, metrics, config.max_body_bytes):
+    app.include_router(compat_router(catalog, sessions, client_of))
+    for router in openenv_routers(catalog, sessions, metrics, config.max_body_bytes, client_of):
         app.include_router(router)
     web_router = catalog.web_router()
     if web_router is not None:
@@ -198,7 +226,12 @@ def step_function(catalog: TextEnv, sessions: SessionManager, metrics: ServerMet
 
 
 def _v1_router(
-    config: ServerConfig, catalog: TextEnv, sessions: SessionManager, metrics: ServerMetrics, step: Step
+    config: ServerConfig,
+    catalog: TextEnv,
+    sessions: SessionManager,
+    metrics: ServerMetrics,
+    step: Step,
+    client_of: ClientOf,
 ):
     from fastapi import APIRouter
 
@@ -234,10 +267,10 @@ def _v1_router(
         return {"tasks": [t.to_dict() for t in chosen[offset : offset + limit]], "total": len(chosen)}
 
     @router.post("/sessions", status_code=201, response_model=SessionCreated)
-    async def create_session(body: CreateSessionRequest | None = None) -> dict[str, Any]:
+    async def create_session(request: Request, body: CreateSessionRequest | None = None) -> dict[str, Any]:
         """Open a session with its own engine and start an episode; 429 when at capacity."""
         kwargs = reset_kwargs(catalog, body)  # bad options are refused before an engine is built
-        session = await sessions.open()
+        session = await sessions.open(client=client_of(request.scope))
         try:
             observation, info = await sessions.call(
                 session, "reset", deadline=sessions.reset_deadline, **kwargs

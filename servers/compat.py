@@ -7,6 +7,10 @@ the map of what each answers is in ``docs/environments.md``). Rules of every dia
 * A request names its session by ``env_idx`` or ``id``. When it carries both,
   ``env_idx`` names the session: AgentGym's SearchQA client sends its task index as
   ``id`` beside it. (The gateway reads the same field.)
+* That integer is ``/create``'s answer: random in [1, 2^53), never counted, so no client
+  can reach another's session by trying ids, nor by keeping one across a restart. It names
+  only sessions created by ``/create``: a v1, OpenEnv or ``/ws`` session has none, and an
+  unknown or stale id is 404 ``session_not_found``.
 * ``/reset``'s task index is read from the field AgentGym's server reads for that env
   (``Dialect.task_field``) and numbered as it numbers tasks: the env's own
   ``compat_task_id(index) -> task_id`` when it has one, else ``Dialect.task_order``.
@@ -24,11 +28,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Self
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
 
 from agentgym.core import Task, TextEnv
 from agentgym.errors import SchemaError, UnknownTask
+from agentgym.servers.middleware import ClientOf
 from agentgym.servers.sessions import Session, SessionManager
 
 
@@ -158,7 +163,7 @@ class CompatCreate(BaseModel):
     """AgentGym's SearchQA: the item to load."""
 
 
-def compat_router(catalog: TextEnv, sessions: SessionManager) -> APIRouter:
+def compat_router(catalog: TextEnv, sessions: SessionManager, client_of: ClientOf) -> APIRouter:
     router = APIRouter(tags=["agentgym-compat"])
     dialect = DIALECTS[getattr(catalog, "compat_dialect", "generic")]
 
@@ -177,10 +182,10 @@ def compat_router(catalog: TextEnv, sessions: SessionManager) -> APIRouter:
     if dialect.create_loads_task:
 
         @router.post("/create")
-        async def create_and_load(body: CompatCreate | None = None) -> Any:
+        async def create_and_load(request: Request, body: CompatCreate | None = None) -> Any:
             """Open a session; with ``{"id": k}``, load AgentGym's item ``k`` into it."""
             task = agentgym_task(body.id) if body and body.id is not None else None
-            session = await sessions.open()
+            session = await sessions.open(client=client_of(request.scope), compat=True)
             if task is not None:
                 try:
                     await start(session, task.task_id)
@@ -191,9 +196,11 @@ def compat_router(catalog: TextEnv, sessions: SessionManager) -> APIRouter:
     else:
 
         @router.post("/create")
-        async def create() -> Any:
-            """Open a session with no episode yet; answers its integer id in this env's dialect."""
-            return dialect.create((await sessions.open()).compat_id)
+        async def create(request: Request) -> Any:
+            """Open a session with no episode yet; answers its integer id in this env's
+            dialect: random in [1, 2^53), it names only this session."""
+            session = await sessions.open(client=client_of(request.scope), compat=True)
+            return dialect.create(session.compat_id)
 
     @router.post("/reset")
     async def reset(body: CompatReset) -> Any:

@@ -14,6 +14,10 @@ engines warmed. Then requests ``(request_id, op, engine_id, name, args, kwargs)`
 * ``call``: ``getattr(engine, name)(*args, **kwargs)``, or the attribute's value when it
   is not callable;
 * ``close``: close and forget the engine (no reply: the server never waits for it).
+* ``abort``: the engine's call passed the server's deadline: run the engine's ``abort()``
+  at once, beside the stuck call, if the engine has one (it must not block; sciworld's kills
+  its JVM so that the call fails and frees its thread). No reply; the server kills the
+  worker if the call does not return soon after.
 
 Replies are ``(request_id, ok, value, snapshot)``: ``value`` is the result, or when not
 ``ok`` an encoded error (:func:`encode_error`); ``snapshot`` is the engine's state the
@@ -154,8 +158,20 @@ class Worker:
             if message[0] == "catalog":
                 _, call_id, ok, value = message
                 self._catalog_replies.pop(call_id).set_result((ok, value))
+            elif message[1] == "abort":
+                self.abort(message[2])
             else:
                 self.dispatch(message)
+
+    def abort(self, engine_id: int) -> None:
+        """Run the engine's ``abort()`` now, not queued behind the call it is to stop."""
+        abort = getattr(self.engines.get(engine_id), "abort", None)
+        if abort is None:
+            return
+        try:
+            abort()
+        except Exception:
+            log.exception("aborting engine %s failed", engine_id)
 
     def call_catalog(self, method: str, *args: Any) -> Any:
         """Run ``method`` of the server's catalog instance (an engine thread waits for it)."""

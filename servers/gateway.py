@@ -16,15 +16,24 @@ works unchanged. The gateway is a plain reverse proxy on ``httpx.AsyncClient``:
   session with it: the session is gone, start a new one); new sessions go to the others.
 * **Health.** Every ``health_interval`` seconds each replica's ``/health`` is polled for
   liveness, sessions and capacity; ``GET /health`` reports them per env.
-* **AgentGym-compatible routes** (``/envs/{env}/create``, ``/step`` ...) work too. Their
-  integer ids are mapped statelessly: gateway id = replica id * replicas + replica index.
+* **AgentGym-compatible routes** (``/envs/{env}/create``, ``/step`` ...) work too, with the
+  replicas' own integer ids (random, so unique across replicas): the gateway remembers
+  which replica created an id and, for an id it has not seen (it restarted, or another
+  gateway created it), asks the healthy replicas in turn; one that does not know the id
+  answers 404 and does nothing, so the first other answer is the session's.
 * **OpenEnv** (docs/openenv.md): ``/envs/{env}/ws`` relays an OpenEnv WebSocket session to
   the ``/ws`` of a replica with room (by the last health poll), so OpenEnv's client works
-  with ``base_url="ws://gw/envs/{env}"``; the two connections close together. Its HTTP
+  with ``base_url="ws://gw/envs/{env}"``; the two connections close together, the client
+  with the replica's close code, or 1012 when the replica is lost. Its HTTP
   ``/envs/{env}/openenv/reset|step|state`` keep affinity like v1 sessions (the
   ``session_id`` in their bodies gets the replica's key).
 * Anything else under ``/envs/{env}/`` (``/metadata``, ``/tasks``, ``/openapi.json``, an
   env's web pages) goes to any healthy replica: those answers are the same on each.
+* **Nothing reaches past a replica's base URL.** Dot segments (``..``, also spelled
+  ``%2F..``) are resolved before routing, every forwarded path is re-quoted, a replica's
+  redirect names the gateway's URL, and error messages name a replica by its key: a
+  replica's address is never told to a client (``/health`` lists it only to a client
+  bearing the gateway's token).
 """
 
 from __future__ import annotations
@@ -32,10 +41,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import itertools
 import json
 import logging
-from collections.abc import AsyncIterator
+import re
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -44,9 +56,11 @@ import httpx
 from fastapi import FastAPI, Request, Response, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
+from starlette.types import ASGIApp, Receive, Scope, Send
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as websocket_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.frames import EXTERNAL_CLOSE_CODES
 
 from agentgym.errors import (
     AgentGymError,
@@ -59,17 +73,18 @@ from agentgym.errors import (
 )
 from agentgym.inputs import as_integer, decimal
 from agentgym.servers.app import install_error_handlers
-from agentgym.servers.middleware import BodySizeLimitMiddleware
+from agentgym.servers.middleware import bearer_token, guards
 from agentgym.servers.openenv import refuse_session
 
 log = logging.getLogger(__name__)
 
 HOP_BY_HOP = frozenset(
-    {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer"}
-    | {"transfer-encoding", "upgrade", "host", "content-length"}
+    {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer"}
+    | {b"transfer-encoding", b"upgrade", b"host", b"content-length"}
 )
 """Headers that describe one connection, not the message: never forwarded (RFC 9110 §7.6.1;
-content-length is recomputed for every forwarded body)."""
+content-length is recomputed for every forwarded body). Headers are forwarded as raw
+bytes both ways: a value that is not ASCII (``X-Name: café``) passes as the servers take it."""
 
 COMPAT_ID_ROUTES = {"step", "reset", "close", "observation", "available_actions"}
 """AgentGym-compatible routes whose request names a session by integer ``id``/``env_idx``."""
@@ -77,8 +92,17 @@ COMPAT_ID_ROUTES = {"step", "reset", "close", "observation", "available_actions"
 OPENENV_SESSION_ROUTES = {"openenv/reset", "openenv/step", "openenv/state"}
 """OpenEnv's HTTP routes that name a session by ``session_id`` (query for GET, JSON body otherwise)."""
 
-FORWARDED_WEBSOCKET_HEADERS = ("authorization",)
+FORWARDED_WEBSOCKET_HEADERS = (b"authorization",)
 """Handshake headers relayed to the replica (its token check reads them)."""
+
+REPLICA_LOST = 1012
+"""The close code a relayed WebSocket client gets when its replica's connection drops
+without a close frame (the replica died): RFC 6455's "service restart", connect again for
+a new session."""
+
+COMPAT_HOMES = 65536
+"""Compat ids whose replica the gateway remembers (the oldest forgotten first; a forgotten
+id is found again by asking the replicas)."""
 
 
 @dataclass
@@ -96,6 +120,10 @@ class GatewayConfig:
     max_body_bytes: int = 64 * 1024
     """Larger request bodies get 413 at the gateway, before anything is forwarded (the
     env servers' default limit too)."""
+    token: str | None = None
+    """The replicas' bearer token: ``GET /health`` lists the replicas' URLs only to a request
+    bearing it (never when it is unset or empty). Every other request carries its own token
+    to the replica."""
 
 
 @dataclass
@@ -129,6 +157,10 @@ class Replica:
             "sessions": self.sessions,
             "capacity": self.capacity,
         }
+
+    def __str__(self) -> str:
+        """How error messages name it: by key, since its URL is internal."""
+        return f"replica {self.key} of {self.env!r}"
 
 
 class Fleet:
@@ -165,23 +197,25 @@ class Fleet:
         everyone = [r for replicas in self.envs.values() for r in replicas]
         await asyncio.gather(*(_poll_one(http, r) for r in everyone))
 
-    def env_report(self, env: str) -> dict[str, Any]:
+    def env_report(self, env: str, members: bool = False) -> dict[str, Any]:
         """One env's replica count, healthy count, sessions and capacity (of healthy
-        replicas) and each replica's report; :class:`UnknownEnv` for an env not served."""
+        replicas), with ``members`` each replica's report (its URL included);
+        :class:`UnknownEnv` for an env not served."""
         replicas = self.replicas(env)
         healthy = [r for r in replicas if r.healthy]
-        return {
+        report = {
             "replicas": len(replicas),
             "healthy": len(healthy),
             "sessions": sum(r.sessions for r in healthy),
             "capacity": sum(r.capacity for r in healthy),
-            "members": [r.report() for r in replicas],
         }
+        return report | {"members": [r.report() for r in replicas]} if members else report
 
-    def report(self) -> dict[str, Any]:
-        """Per env: replica count, healthy count, sessions and capacity (of healthy replicas);
-        ``status`` is ``ok`` when every replica is healthy, else ``degraded``."""
-        envs = {env: self.env_report(env) for env in self.envs}
+    def report(self, members: bool = False) -> dict[str, Any]:
+        """Per env: replica count, healthy count, sessions and capacity (of healthy replicas),
+        and with ``members`` each replica's report; ``status`` is ``ok`` when every replica
+        is healthy, else ``degraded``."""
+        envs = {env: self.env_report(env, members) for env in self.envs}
         status = "ok" if all(e["healthy"] == e["replicas"] for e in envs.values()) else "degraded"
         return {"status": status, "envs": envs}
 
@@ -208,6 +242,8 @@ class Gateway:
         limits = httpx.Limits(max_connections=config.max_connections, max_keepalive_connections=64)
         # Replicas keep idle connections 65 s; httpx drops its own after 5 s, so never races them.
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(config.timeout, connect=5.0), limits=limits)
+        self.compat_homes: OrderedDict[tuple[str, int], Replica] = OrderedDict()
+        """(env, compat id) -> the replica that holds it, for ids opened or found here."""
 
     async def poll_forever(self) -> None:
         while True:
@@ -217,60 +253,62 @@ class Gateway:
             except Exception:
                 log.exception("polling the replicas failed")
 
+    def health(self, request: Request) -> dict[str, Any]:
+        """The fleet report; the replicas' URLs only for a request bearing the token."""
+        given, token = bearer_token(request.scope), self.config.token
+        trusted = bool(token) and given is not None and hmac.compare_digest(given, token.encode())
+        return self.fleet.report(members=trusted)
+
     # ----- forwarding ---------------------------------------------------------------
 
     async def send(
         self, replica: Replica, request: Request, path: str, *, body: bytes | None = None, params: Any = None
     ) -> httpx.Response:
-        """Forward ``request`` to ``replica`` at ``path`` (body and query may be replaced);
-        the answer is streamed. Raises :class:`EngineError` (503) if the replica is unreachable."""
+        """Forward ``request`` to ``replica`` at ``path`` (already quoted; body and query may
+        be replaced); the answer is streamed. Raises :class:`EngineError` (503) if the
+        replica is unreachable."""
         upstream = self.http.build_request(
             request.method,
             replica.url + path,
             params=request.query_params if params is None else params,
-            headers=[(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP],
+            headers=forwarded_headers(request.scope, lambda name: name not in HOP_BY_HOP),
             content=await request.body() if body is None else body,
         )
         try:
             return await self.http.send(upstream, stream=True)
         except httpx.TimeoutException as exc:  # a slow engine, not a dead replica
-            raise EngineError(
-                f"replica {replica.url} of {replica.env!r} did not answer in time: {exc}"
-            ) from exc
+            raise EngineError(f"{replica} did not answer in time") from exc
         except httpx.TransportError as exc:
             replica.healthy = False  # until the next poll says otherwise
-            raise EngineError(
-                f"replica {replica.url} of {replica.env!r} is unreachable; its sessions are lost: {exc!r}"
-            ) from exc
+            log.warning("replica %s of %r is unreachable: %r", replica.url, replica.env, exc)
+            raise EngineError(f"{replica} is unreachable; its sessions are lost") from exc
 
     async def create_session(self, env: str, request: Request) -> Response:
         """Open a session on the least-loaded healthy replica; its id gets the replica's key."""
         replica, upstream = await self._place(env, request, "/sessions")
         if upstream.status_code != 201:
-            return await passthrough(upstream)
+            return await passthrough(upstream, replica)
         created = json.loads(await upstream.aread())
         created["session_id"] = f"{replica.key}-{created['session_id']}"
         return JSONResponse(created, status_code=201)
 
     async def session_call(self, env: str, session_id: str, rest: str, request: Request) -> Response:
         """Forward a call of session ``session_id`` to the replica that holds it."""
-        key, _, local_id = session_id.partition("-")
-        replica = self.fleet.by_key(env, key)
-        # Quoted: a '?' or '#' in a made-up id must not become the replica's query or fragment.
-        upstream = await self.send(replica, request, f"/sessions/{quote(local_id, safe='')}{quote(rest)}")
+        replica, local_id = self._session_home(env, session_id)
+        upstream = await self.send(replica, request, f"/sessions/{_segment(local_id)}{quote(rest)}")
         if request.method == "DELETE" and upstream.status_code == 204:
             replica.sessions = max(0, replica.sessions - 1)
         if request.method == "GET" and not rest and upstream.status_code == 200:
             state = json.loads(await upstream.aread())
             state["session_id"] = session_id
             return JSONResponse(state)
-        return await passthrough(upstream)
+        return await passthrough(upstream, replica)
 
     async def any_replica(self, env: str, path: str, request: Request) -> Response:
         """Forward a session-less request (metadata, tasks, web pages) to a healthy replica."""
         for replica in await self._candidates(env):
             with contextlib.suppress(EngineError):
-                return await passthrough(await self.send(replica, request, path))
+                return await passthrough(await self.send(replica, request, quote(path)), replica)
         raise self._no_replica(env)
 
     async def env_health(self, env: str) -> dict[str, Any]:
@@ -278,42 +316,57 @@ class Gateway:
         report = self.fleet.env_report(env)  # 404 for an env the gateway does not serve
         if not report["healthy"]:
             raise self._no_replica(env)
-        return {"status": "ok", "env": env} | {k: v for k, v in report.items() if k != "members"}
+        return {"status": "ok", "env": env} | report
 
     # ----- AgentGym-compatible routes -------------------------------------------------
 
     async def compat_create(self, env: str, request: Request) -> Response:
-        """``/create`` on a chosen replica; its integer id becomes id * replicas + index."""
+        """``/create`` on a chosen replica; its id is remembered as that replica's."""
         replica, upstream = await self._place(env, request, "/create")
         if upstream.status_code != 200:
-            return await passthrough(upstream)
+            return await passthrough(upstream, replica)
         answer = json.loads(await upstream.aread())
-        if isinstance(answer, dict):  # the generic and sciworld dialects: {"id": N}
-            return JSONResponse(answer | {"id": self._compat_gateway_id(replica, answer["id"])})
-        return JSONResponse(self._compat_gateway_id(replica, answer))  # webshop: a bare N
+        # The generic and sciworld dialects answer {"id": N}, webshop a bare N.
+        self._remember(env, answer["id"] if isinstance(answer, dict) else answer, replica)
+        return JSONResponse(answer)
 
     async def compat_call(self, env: str, route: str, request: Request) -> Response:
         """A compat route naming its session by ``id``/``env_idx`` (query for GET, JSON body
-        otherwise): forward it with the replica's own id to the replica that holds it."""
-        if request.method == "GET":
-            replica, _, query = self._compat_target(env, dict(request.query_params))
-            return await passthrough(await self.send(replica, request, f"/{route}", params=query))
-        replica, gateway_id, payload = self._compat_target(env, _json_object(await request.body()))
-        upstream = await self.send(replica, request, f"/{route}", body=json.dumps(payload).encode())
-        if route != "close" or upstream.status_code != 200:
-            return await passthrough(upstream)
-        replica.sessions = max(0, replica.sessions - 1)
-        answer = json.loads(await upstream.aread())  # SciWorld's and SearchQA's dialects: true
-        return JSONResponse(answer | {"id": gateway_id} if isinstance(answer, dict) else answer)
+        otherwise), forwarded as it is to the replica that holds the id: the one remembered,
+        else the first healthy replica that knows it (the others answer 404 ``session_not_found``)."""
+        fields = dict(request.query_params) if request.method == "GET" else _json_object(await request.body())
+        compat_id = _compat_id(fields)
+        home = self.compat_homes.get((env, compat_id))
+        found: tuple[Replica, httpx.Response] | None = None
+        for replica in [home] if home else self.fleet.candidates(env):
+            try:
+                upstream = await self.send(replica, request, f"/{route}")
+            except EngineError:
+                if home:  # the session's replica is gone, and the session with it
+                    raise
+                continue  # if the session was there, it is lost with its replica
+            if found is not None:
+                await found[1].aclose()
+            found = replica, upstream
+            if not await _unknown_session(upstream):
+                break
+        if found is None:
+            raise self._no_replica(env)
+        replica, upstream = found
+        closed = route == "close" and upstream.status_code == 200
+        if closed:
+            replica.sessions = max(0, replica.sessions - 1)  # until the next poll
+        if closed or upstream.status_code == 404:
+            self.compat_homes.pop((env, compat_id), None)
+        elif upstream.status_code < 300:
+            self._remember(env, compat_id, replica)
+        return await passthrough(upstream, replica)
 
-    def _compat_gateway_id(self, replica: Replica, local_id: int) -> int:
-        return int(local_id) * len(self.fleet.replicas(replica.env)) + replica.index
-
-    def _compat_target(self, env: str, fields: dict[str, Any]) -> tuple[Replica, int, dict[str, Any]]:
-        """(replica, gateway id, ``fields`` with the id replaced by the replica's own)."""
-        replicas = self.fleet.replicas(env)
-        key, gateway_id = _compat_field(fields)
-        return replicas[gateway_id % len(replicas)], gateway_id, fields | {key: gateway_id // len(replicas)}
+    def _remember(self, env: str, compat_id: int, replica: Replica) -> None:
+        self.compat_homes[env, compat_id] = replica
+        self.compat_homes.move_to_end((env, compat_id))
+        if len(self.compat_homes) > COMPAT_HOMES:
+            self.compat_homes.popitem(last=False)
 
     # ----- OpenEnv ----------------------------------------------------------------------
 
@@ -332,20 +385,22 @@ class Gateway:
             return
         replica, connection = upstream
         await client.accept()
+        code, reason = 1011, "the gateway failed"  # replaced unless the relay itself raised
         try:
-            await _relay(client, connection)
+            code, reason = await _relay(client, connection)
         finally:
             replica.sessions = max(0, replica.sessions - 1)
             await connection.close()
             with contextlib.suppress(RuntimeError, WebSocketDisconnect):
-                await client.close()
+                await client.close(code=code, reason=reason)
 
     async def _connect_upstream(self, env: str, client: WebSocket) -> tuple[Replica, ClientConnection]:
         candidates = await self._candidates(env)
         with_room = [r for r in candidates if r.sessions < r.capacity]
         if candidates and not with_room:
             raise AtCapacity(f"every replica of {env!r} is at capacity")
-        headers = [(k, v) for k, v in client.headers.items() if k.lower() in FORWARDED_WEBSOCKET_HEADERS]
+        relayed = forwarded_headers(client.scope, lambda name: name in FORWARDED_WEBSOCKET_HEADERS)
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in relayed]
         query = f"?{client.url.query}" if client.url.query else ""
         for replica in with_room:
             url = "ws" + replica.url.removeprefix("http") + "/ws" + query
@@ -374,7 +429,7 @@ class Gateway:
                 replica, payload = self._openenv_target(env, payload)
                 upstream = await self.send(replica, request, f"/{route}", body=json.dumps(payload).encode())
         if upstream.status_code != 200:
-            return await passthrough(upstream)
+            return await passthrough(upstream, replica)
         answer = json.loads(await upstream.aread())
         named = [answer] if route == "openenv/state" else [answer.get("observation", {})]
         for fields in named:  # the replica's own id -> the gateway's
@@ -388,10 +443,17 @@ class Gateway:
         session_id = fields.get("session_id")
         if not isinstance(session_id, str):
             raise SchemaError("session_id (a string) is required")
-        key, _, local_id = session_id.partition("-")
-        return self.fleet.by_key(env, key), fields | {"session_id": local_id}
+        replica, local_id = self._session_home(env, session_id)
+        return replica, fields | {"session_id": local_id}
 
     # ----- helpers ----------------------------------------------------------------------
+
+    def _session_home(self, env: str, session_id: str) -> tuple[Replica, str]:
+        """(replica, the replica's own id) of a gateway session id ``<key>-<id>``."""
+        key, _, local_id = session_id.partition("-")
+        if not local_id:
+            raise UnknownSession(f"no session {session_id!r} (never created, closed or expired)")
+        return self.fleet.by_key(env, key), local_id
 
     async def _candidates(self, env: str) -> list[Replica]:
         """Healthy replicas to try; when none looks healthy, poll once before giving up
@@ -433,19 +495,72 @@ class Gateway:
         )
 
 
-async def passthrough(upstream: httpx.Response) -> Response:
-    """Stream a replica's answer back as it is (status, headers, raw bytes)."""
-    headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP - {"content-length"}}
-    return StreamingResponse(
-        upstream.aiter_raw(),
-        status_code=upstream.status_code,
-        headers=headers,
-        background=BackgroundTask(upstream.aclose),
+async def passthrough(upstream: httpx.Response, replica: Replica) -> Response:
+    """Stream a replica's answer back as it is (status, raw headers and bytes), except that
+    a redirect names the gateway's URL, never the replica's."""
+    # A body already read (a compat probe's 404) goes out as read.
+    body = iter([upstream.content]) if upstream.is_stream_consumed else upstream.aiter_raw()
+    response = StreamingResponse(
+        body, status_code=upstream.status_code, background=BackgroundTask(upstream.aclose)
     )
+    response.raw_headers = []
+    for name, value in upstream.headers.raw:
+        name = name.lower()
+        if name not in HOP_BY_HOP - {b"content-length"}:
+            response.raw_headers.append(
+                (name, _public_location(replica, value) if name == b"location" else value)
+            )
+    return response
 
 
-async def _relay(client: WebSocket, upstream: ClientConnection) -> None:
-    """Pass messages both ways until either side closes."""
+def forwarded_headers(scope: Scope, keep: Callable[[bytes], bool]) -> list[tuple[bytes, bytes]]:
+    """The request's headers that ``keep`` keeps, raw, with the client's address appended
+    to ``X-Forwarded-For``: a replica that trusts the gateway's address (uvicorn's
+    ``--forwarded-allow-ips``, 127.0.0.1 by default) then sees the client, not the gateway
+    (per-client session quotas); uvicorn reads the chain from the right, so an address the
+    client put there is not taken for its own."""
+    headers = [(k, v) for k, v in scope["headers"] if keep(k) and k != b"x-forwarded-for"]
+    chain = [v for k, v in scope["headers"] if k == b"x-forwarded-for"]
+    if scope.get("client"):
+        chain.append(scope["client"][0].encode())
+    return headers + ([(b"x-forwarded-for", b", ".join(chain))] if chain else [])
+
+
+async def _unknown_session(upstream: httpx.Response) -> bool:
+    """Whether a replica answered 404 ``session_not_found`` (its body is read to tell)."""
+    if upstream.status_code != 404:
+        return False
+    await upstream.aread()
+    with contextlib.suppress(ValueError, LookupError, TypeError):  # not our error body
+        return upstream.json()["error"]["code"] == UnknownSession.code
+    return False
+
+
+def _public_location(replica: Replica, location: bytes) -> bytes:
+    """A replica's ``Location`` (its own slash redirect, say) as the same resource's path
+    on the gateway; a location on another site is left alone."""
+    target = location.decode("latin-1")
+    if target.startswith(replica.url + "/"):
+        target = target.removeprefix(replica.url)
+    elif not target.startswith("/") or target.startswith("//"):
+        return location
+    path, sep, query = target.partition("?")
+    session = re.fullmatch(r"/sessions/([^/]+)(.*)", path)
+    if session:  # the replica's session id -> the gateway's
+        path = f"/sessions/{replica.key}-{session[1]}{session[2]}"
+    return f"/envs/{_segment(replica.env)}{path}{sep}{query}".encode("latin-1")
+
+
+def _segment(text: str) -> str:
+    """``text`` as one quoted path segment: ``/``, ``?``, ``#`` and dots encoded, so that an
+    id like ``..`` can never become a dot segment that an HTTP client resolves."""
+    return quote(text, safe="").replace(".", "%2E")
+
+
+async def _relay(client: WebSocket, upstream: ClientConnection) -> tuple[int, str]:
+    """Pass messages both ways until either side closes; the close code and reason the
+    client gets: the replica's own close frame, :data:`REPLICA_LOST` when the replica's
+    connection dropped without one, 1000 when the client left first."""
 
     async def client_to_upstream() -> None:
         with contextlib.suppress(WebSocketDisconnect, ConnectionClosed):
@@ -464,6 +579,12 @@ async def _relay(client: WebSocket, upstream: ClientConnection) -> None:
         for pump in pumps:
             pump.cancel()
         await asyncio.gather(*pumps, return_exceptions=True)
+    closed = upstream.protocol.close_rcvd
+    if upstream.protocol.close_sent is None and closed is None and upstream.close_code is not None:
+        return REPLICA_LOST, "the replica was lost, and the session with it"
+    if closed is not None and closed.code in EXTERNAL_CLOSE_CODES | set(range(3000, 5000)):
+        return closed.code, closed.reason
+    return 1000, ""
 
 
 def _json_object(body: bytes) -> dict[str, Any]:
@@ -476,16 +597,46 @@ def _json_object(body: bytes) -> dict[str, Any]:
     return payload
 
 
-def _compat_field(fields: dict[str, Any]) -> tuple[str, int]:
-    """The field naming the session and its integer id, as the env servers read them:
-    ``env_idx`` when present, else ``id`` (AgentGym's SearchQA client sends its task index
-    as ``id`` beside ``env_idx``). JSON integer, integral float, or digits in a query
-    string; 422 for anything else (1e999, Infinity, a list, ...)."""
-    key = "env_idx" if fields.get("env_idx") is not None else "id"
-    value = fields.get(key)
+def _compat_id(fields: dict[str, Any]) -> int:
+    """The integer id naming the session, as the env servers read it: ``env_idx`` when
+    present, else ``id`` (AgentGym's SearchQA client sends its task index as ``id`` beside
+    ``env_idx``). JSON integer, integral float, or digits in a query string; 422 for
+    anything else (1e999, Infinity, a list, ...)."""
+    value = fields.get("env_idx") if fields.get("env_idx") is not None else fields.get("id")
     if isinstance(value, str):
         value = decimal(value, max_digits=30) if value else None
-    return key, as_integer(value, "'env_idx' (or 'id')", 0)
+    return as_integer(value, "'env_idx' (or 'id')", 0)
+
+
+def remove_dot_segments(path: str) -> str:
+    """RFC 3986 §5.2.4 on a decoded path: ``.`` and ``..`` segments resolved, never above
+    the root (``/envs/a/sessions/x/../../tasks`` -> ``/envs/a/tasks``)."""
+    segments = path.split("/")
+    kept: list[str] = []
+    for segment in segments[1:]:
+        if segment == "..":
+            if kept:
+                kept.pop()
+        elif segment != ".":
+            kept.append(segment)
+    trailing = "/" if segments[-1] in (".", "..") and kept else ""
+    return "/" + "/".join(kept) + trailing
+
+
+class NormalisedPaths:
+    """Route every request on its path with dot segments resolved. The server has already
+    decoded ``%2F`` into ``/``, so ``sessions/ID%2F..%2F..%2Fx`` would otherwise route as a
+    session call whose path an HTTP client resolves to ``/x`` on the replica, or past the
+    replica's base URL."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket") and "." in scope["path"]:
+            path = remove_dot_segments(scope["path"])
+            scope = scope | {"path": path, "raw_path": quote(path).encode()}
+        await self.app(scope, receive, send)
 
 
 def create_gateway_app(config: GatewayConfig) -> FastAPI:
@@ -502,16 +653,22 @@ def create_gateway_app(config: GatewayConfig) -> FastAPI:
             await poller
         await gateway.http.aclose()
 
-    app = FastAPI(title="AgentGym gateway", lifespan=lifespan)
+    # No slash redirects of its own: a path it does not route is a 404, whatever it ends with
+    # (a redirect a client gets is a replica's, re-addressed to the gateway by passthrough).
+    app = FastAPI(title="AgentGym gateway", lifespan=lifespan, redirect_slashes=False)
     app.state.gateway = gateway
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_body_bytes)
+    # The env servers' checks, without the token: each replica checks the token it is sent.
+    for middleware, options in reversed(guards(config.max_body_bytes, None)):  # innermost first
+        app.add_middleware(middleware, **options)
+    app.add_middleware(NormalisedPaths)
     any_method = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
-        """Per env: replicas, healthy replicas, sessions and capacity; each replica's state."""
-        return gateway.fleet.report()
+    async def health(request: Request) -> dict[str, Any]:
+        """Per env: replicas, healthy replicas, sessions and capacity; each replica's state
+        (its URL included) only with the token."""
+        return gateway.health(request)
 
     @app.get("/envs/{env}/health")
     async def env_health(env: str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import httpx
@@ -97,6 +97,16 @@ def bind_listener(host: str, port: int, what: str = "the server") -> socket.sock
     return sock
 
 
+def bind_first(host: str, ports: Iterator[int], what: str) -> socket.socket:
+    """A listener on the first free port ``ports`` yields (taken ports are skipped; the
+    iterator moves past the one bound, so the next server gets a later port);
+    ``PortInUse`` when none is left."""
+    for port in ports:
+        with contextlib.suppress(PortInUse):
+            return bind_listener(host, port, what)
+    raise PortInUse(f"no free port left among the replica ports for {what}")
+
+
 def wait_healthy(url: str, timeout: float = 120.0, process: subprocess.Popen | None = None) -> None:
     """Poll ``url/health`` until it answers 200; fail early if ``process`` died."""
     deadline = time.monotonic() + timeout
@@ -170,10 +180,12 @@ def start_server_process(
     port: int | None = None,
     extra_args: list[str] | None = None,
     log_path: str | None = None,
+    listener: socket.socket | None = None,
 ) -> ServerProcess:
-    """Launch ``agentgym serve ENV`` as a child process (not yet waited for) on ``port``
-    (None: a free one), bound here first: ``PortInUse`` when it is taken."""
-    listener = bind_listener(host, port or 0, env)
+    """Launch ``agentgym serve ENV`` as a child process (not yet waited for) on ``listener``
+    (a socket already bound for it) or else on ``port`` (None: a free one), bound here
+    first: ``PortInUse`` when it is taken."""
+    listener = listener or bind_listener(host, port or 0, env)
     return _spawn(env, ["serve", env], host, listener, extra_args or [], log_path)
 
 
@@ -235,16 +247,25 @@ def serve_processes(
     timeout: float = 180.0,
     base: int | None = None,
     server_args: list[str] | None = None,
+    ports: Sequence[int] = (),
 ) -> Iterator[list[ServerProcess]]:
     """Start one server process per env (``agentgym serve ENV`` plus ``server_args``), each
-    on its :func:`default_port` under ``base`` (None: on free ports), wait until all are
-    healthy, stop them all on exit. ``PortInUse`` when a port is taken."""
+    on the next free one of ``ports`` when given, else on its :func:`default_port` under
+    ``base`` (None: on free ports), wait until all are healthy, stop them all on exit.
+    ``PortInUse`` when a port is taken."""
+    pool = iter(ports)
     with _stopped_on_exit() as servers:
         for env in envs:
             port = default_port(env, base) if base is not None else None
-            log_path = _log(log_dir, env)
             servers.append(
-                start_server_process(env, host=host, port=port, extra_args=server_args, log_path=log_path)
+                start_server_process(
+                    env,
+                    host=host,
+                    port=port,
+                    extra_args=server_args,
+                    log_path=_log(log_dir, env),
+                    listener=bind_first(host, pool, env) if ports else None,
+                )
             )
         _wait_all(servers, timeout)
         yield servers
@@ -258,9 +279,11 @@ def serve_fleet(
     timeout: float = 180.0,
     gateway_port: int = BASE_PORT,
     server_args: list[str] | None = None,
+    replica_ports: Sequence[int] = (),
 ) -> Iterator[list[ServerProcess]]:
-    """Start ``replicas[env]`` server processes per env (on free ports, with ``server_args``
-    as in :func:`serve_processes`) and a gateway in
+    """Start ``replicas[env]`` server processes per env (each on the next free one of
+    ``replica_ports``, else on a free port; with ``server_args`` as in
+    :func:`serve_processes`) and a gateway in
     front of them on ``gateway_port``; the gateway comes last in the yielded list.
     Waits until all are healthy, stops them all on exit. ``PortInUse`` when the gateway's
     port is taken (checked first, before any replica starts)."""
@@ -269,11 +292,17 @@ def serve_fleet(
         _stopped_on_exit() as servers,
         contextlib.closing(bind_listener(host, gateway_port, "the gateway")) as gateway,
     ):
+        pool = iter(replica_ports)
         for env, count in replicas.items():
             for i in range(1, count + 1):
-                log_path = _log(log_dir, f"{env}-{i}")
                 servers.append(
-                    start_server_process(env, host=host, extra_args=server_args, log_path=log_path)
+                    start_server_process(
+                        env,
+                        host=host,
+                        extra_args=server_args,
+                        log_path=_log(log_dir, f"{env}-{i}"),
+                        listener=bind_first(host, pool, env) if replica_ports else None,
+                    )
                 )
         _wait_all(servers, timeout)
         urls = {env: [s.url for s in servers if s.env == env] for env in replicas}
@@ -361,7 +390,10 @@ def _log(log_dir: str | None, name: str) -> str | None:
 
 def _die_with_parent() -> None:
     """In the child, before exec: ask Linux for SIGTERM when the parent dies, so a server
-    never outlives a launcher killed with SIGKILL (no-op elsewhere)."""
+    never outlives a launcher killed with SIGKILL (no-op elsewhere); and take SIGINT back,
+    which :meth:`ServerProcess.stop` sends: a launcher started in the background by a shell
+    inherits SIGINT ignored, and so would its children."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)

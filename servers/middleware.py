@@ -1,16 +1,19 @@
 """ASGI middleware: bearer-token check and request-size limit.
 
 Both run before FastAPI parses a body, so an oversized or unauthenticated request costs
-the server almost nothing and can never reach an engine.
+the server almost nothing and can never reach an engine. (Oversized heads and stalled
+requests are refused earlier, by :mod:`agentgym.servers.http_protocol`.)
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import hmac
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -94,6 +97,21 @@ def websocket_tokens(scope: Scope) -> list[bytes | None]:
     return [bearer_token(scope), basic_password, *(t.encode() for t in query.get("token", []))]
 
 
+ClientOf = Callable[[Scope], str | None]
+"""How a server names the client that sent a request, for its session quotas (None: no quotas)."""
+
+
+def client_key(scope: Scope, by_token: bool) -> str:
+    """Who sent a request, for per-client session quotas: its peer address (uvicorn takes
+    it from X-Forwarded-For only when the peer is in ``--forwarded-allow-ips``), or with
+    ``by_token`` its bearer token when it sends one (a digest: no token is kept)."""
+    tokens = websocket_tokens(scope) if scope["type"] == "websocket" else [bearer_token(scope)]
+    token = next((t for t in tokens if t), None) if by_token else None
+    if token is not None:
+        return "token " + hashlib.sha256(token).hexdigest()
+    return f"peer {(scope.get('client') or ('unknown',))[0]}"
+
+
 class BodySizeLimitMiddleware:
     """Answer 413 when a body exceeds ``max_bytes``, by header or while streaming.
 
@@ -117,6 +135,8 @@ class BodySizeLimitMiddleware:
         if first is None:
             await send_error(send, PayloadTooLarge(f"request body exceeds {self.max_bytes} bytes"))
             return
+        if first["type"] == "http.disconnect":
+            return  # the client left, or its request timed out, before its body came: no one to answer
         await self.app(scope, replay(first, receive), send)
 
     async def _read_body(self, receive: Receive) -> Message | None:

@@ -27,7 +27,7 @@ import contextlib
 import json
 from typing import Any
 
-from fastapi import APIRouter, Query, WebSocket, WebSocketDisconnect
+from fastapi import APIRouter, Query, Request, WebSocket, WebSocketDisconnect
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from agentgym.core import TextEnv
@@ -42,6 +42,7 @@ from agentgym.errors import (
 )
 from agentgym.servers.episodes import play_step, reset_kwargs
 from agentgym.servers.metrics import ServerMetrics
+from agentgym.servers.middleware import ClientOf
 from agentgym.servers.sessions import Session, SessionManager
 from agentgym.wire import ResetRequest
 
@@ -153,11 +154,16 @@ async def refuse_session(websocket: WebSocket, exc: AgentGymError) -> None:
 class OpenEnvProtocol:
     """The episode operations both transports share, on our sessions and their rules."""
 
-    def __init__(self, catalog: TextEnv, sessions: SessionManager, metrics: ServerMetrics) -> None:
-        self.catalog, self.sessions, self.metrics = catalog, sessions, metrics
+    def __init__(
+        self, catalog: TextEnv, sessions: SessionManager, metrics: ServerMetrics, client_of: ClientOf
+    ) -> None:
+        self.catalog, self.sessions, self.metrics, self.client_of = catalog, sessions, metrics, client_of
 
-    async def reset(self, session: Session, request: OpenEnvReset) -> dict[str, Any]:
-        kwargs = reset_kwargs(self.catalog, request.v1())
+    def reset_kwargs(self, request: OpenEnvReset) -> dict[str, Any]:
+        """``TextEnv.reset``'s arguments, the options checked (SchemaError, 422)."""
+        return reset_kwargs(self.catalog, request.v1())
+
+    async def reset(self, session: Session, kwargs: dict[str, Any]) -> dict[str, Any]:
         observation, info = await self.sessions.call(
             session, "reset", deadline=self.sessions.reset_deadline, **kwargs
         )
@@ -201,10 +207,14 @@ def _parse(model: type[BaseModel], data: object) -> Any:
 
 
 def openenv_routers(
-    catalog: TextEnv, sessions: SessionManager, metrics: ServerMetrics, max_message_bytes: int
+    catalog: TextEnv,
+    sessions: SessionManager,
+    metrics: ServerMetrics,
+    max_message_bytes: int,
+    client_of: ClientOf,
 ) -> tuple[APIRouter, APIRouter]:
     """(the root ``/ws`` router, the ``/openenv`` HTTP router)."""
-    protocol = OpenEnvProtocol(catalog, sessions, metrics)
+    protocol = OpenEnvProtocol(catalog, sessions, metrics, client_of)
     return _websocket_router(protocol, max_message_bytes), _http_router(protocol)
 
 
@@ -215,7 +225,7 @@ def _websocket_router(protocol: OpenEnvProtocol, max_message_bytes: int) -> APIR
     async def openenv_session(websocket: WebSocket) -> None:
         await websocket.accept()
         try:
-            session = await protocol.sessions.open()
+            session = await protocol.sessions.open(client=protocol.client_of(websocket.scope))
         except AgentGymError as exc:  # at capacity, or the engine cannot be built
             await refuse_session(websocket, exc)
             return
@@ -257,7 +267,8 @@ async def _answer(protocol: OpenEnvProtocol, session: Session, request: dict[str
     data = request.get("data", {})
     match request["type"]:
         case "reset":
-            return {"type": "observation", "data": await protocol.reset(session, _parse(OpenEnvReset, data))}
+            kwargs = protocol.reset_kwargs(_parse(OpenEnvReset, data))
+            return {"type": "observation", "data": await protocol.reset(session, kwargs)}
         case "step":
             return {"type": "observation", "data": await protocol.step(session, data)}
         case "state":
@@ -311,14 +322,15 @@ def _http_router(protocol: OpenEnvProtocol) -> APIRouter:
         }
 
     @router.post("/reset")
-    async def reset(body: HttpReset | None = None) -> dict[str, Any]:
+    async def reset(request: Request, body: HttpReset | None = None) -> dict[str, Any]:
         body = body or HttpReset()
+        kwargs = protocol.reset_kwargs(body)  # bad options are refused before an engine is built
         if body.session_id is not None:
             session = sessions.get(body.session_id)
-            return _named(await protocol.reset(session, body), session)
-        session = await sessions.open()
+            return _named(await protocol.reset(session, kwargs), session)
+        session = await sessions.open(client=protocol.client_of(request.scope))
         try:
-            return _named(await protocol.reset(session, body), session)
+            return _named(await protocol.reset(session, kwargs), session)
         except BaseException:
             with contextlib.suppress(AgentGymError):
                 await sessions.close(session.session_id)

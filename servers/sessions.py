@@ -4,20 +4,20 @@ Engine calls are blocking (a game interpreter, a JVM, a browser), so they never 
 event loop: an :class:`EngineHost` runs them, either on a thread pool of this process
 (:class:`ThreadEngines`) or in worker processes (:class:`~agentgym.servers.workers.WorkerEngines`,
 for envs whose ``engine_process`` is set). Calls on one session are serialized by its own
-lock; calls on different sessions run concurrently. Capacity is reserved before an engine
-is built, so a burst of creates can never overshoot ``max_sessions``.
+lock; calls on different sessions run concurrently. Capacity (and a client's quota) is
+reserved before an engine is built, so a burst of creates can never overshoot ``max_sessions``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
+import secrets
 import time
 import uuid
-from collections import OrderedDict
-from collections.abc import Callable
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 
 LOST_SESSIONS_KEPT = 4096
 """Sessions lost with a dead worker whose next request still answers 503 (not 404)."""
+
+COMPAT_ID_LIMIT = 2**53
+"""Integer ids are below this: exact as a JSON number in any client (a double)."""
 
 
 class EngineTimeout(RuntimeError):
@@ -135,10 +138,12 @@ def _close_logged(engine: Any) -> None:
 @dataclass
 class Session:
     session_id: str
-    compat_id: int
-    """Integer id for the AgentGym-compatible routes."""
     env: Any
     """The engine handle of its host: a ``TextEnv``, or a worker's mirror of one."""
+    compat_id: int | None = None
+    """Integer id for the AgentGym-compatible routes: only sessions created there have one."""
+    client: str | None = None
+    """Whose quota the session counts against (``SessionManager.max_per_client``)."""
     created_at: float = field(default_factory=time.time)
     last_active: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -182,6 +187,7 @@ class SessionManager:
         ttl: float = 600.0,
         step_deadline: float | None = None,
         reset_deadline: float | None = None,
+        max_per_client: int | None = None,
     ) -> None:
         self.host = host
         host.on_lost = self._engines_lost
@@ -190,11 +196,15 @@ class SessionManager:
         self.reset_deadline = reset_deadline
         """Seconds a reset may take (callers pass it): longer, as it may wait for a game to be built."""
         self.max_sessions = max_sessions
+        self.max_per_client = max_per_client
+        """Live sessions one client may hold (None: no quota), so that no client can take
+        every slot."""
         self.ttl = ttl
         self._sessions: dict[str, Session] = {}
         self._by_compat_id: dict[int, str] = {}
-        self._compat_ids = itertools.count()
         self._reserved = 0
+        self._per_client: Counter[str] = Counter()
+        """Live and reserved sessions by client."""
         self._lost: OrderedDict[str, str] = OrderedDict()
         """Sessions whose worker died under them while idle -> why (their next request's 503)."""
         self._lost_compat: OrderedDict[int, str] = OrderedDict()
@@ -227,24 +237,33 @@ class SessionManager:
 
     # ----- sessions -----------------------------------------------------------------
 
-    async def open(self) -> Session:
-        """Build a session with a fresh engine and no episode yet."""
-        self._reserve_slot()
+    async def open(self, *, client: str | None = None, compat: bool = False) -> Session:
+        """Build a session with a fresh engine and no episode yet, counted against
+        ``client``'s quota; ``compat``: give it an integer id (AgentGym's ``/create``)."""
+        self._reserve_slot(client)
         try:
-            env = await self.host.build(self.reset_deadline)
+            env = await self._build()
+        except BaseException:  # cancelled too: the reserved place in the quota goes back
+            self._release(client)
+            raise
+        finally:
+            self._reserved -= 1
+        session = Session(uuid.uuid4().hex, env, self._new_compat_id() if compat else None, client)
+        self._sessions[session.session_id] = session
+        if session.compat_id is not None:
+            self._by_compat_id[session.compat_id] = session.session_id
+        self.stats.created += 1
+        return session
+
+    async def _build(self) -> Any:
+        try:
+            return await self.host.build(self.reset_deadline)
         except AgentGymError:
             raise
         except Exception as exc:
             log.exception("engine construction failed")
             self.stats.engine_errors += 1
             raise EngineError(f"could not start the environment engine: {exc}") from exc
-        finally:
-            self._reserved -= 1
-        session = Session(uuid.uuid4().hex, next(self._compat_ids), env)
-        self._sessions[session.session_id] = session
-        self._by_compat_id[session.compat_id] = session.session_id
-        self.stats.created += 1
-        return session
 
     def get(self, session_id: str) -> Session:
         session = self._sessions.get(session_id)
@@ -323,21 +342,43 @@ class SessionManager:
 
     # ----- internals ----------------------------------------------------------------
 
-    def _reserve_slot(self) -> None:
+    def _reserve_slot(self, client: str | None) -> None:
         if len(self._sessions) + self._reserved >= self.max_sessions:
             self.stats.rejected += 1
             raise AtCapacity(
                 f"server is at capacity ({self.max_sessions} sessions); close a session or retry later",
-                retry_after=self._retry_after(),
+                retry_after=self._retry_after(self._sessions.values()),
             )
+        if client is not None and self.max_per_client is not None:
+            if self._per_client[client] >= self.max_per_client:
+                self.stats.rejected += 1
+                raise AtCapacity(
+                    f"this client holds its quota of {self.max_per_client} sessions; close one or retry later",
+                    retry_after=self._retry_after(s for s in self._sessions.values() if s.client == client),
+                )
+            self._per_client[client] += 1
         self._reserved += 1
 
-    def _retry_after(self) -> float:
-        """Seconds until the oldest idle session expires (at least 1)."""
-        if not self._sessions:
-            return 1.0
-        oldest = min(s.last_active for s in self._sessions.values())
-        return max(1.0, self.ttl - (time.monotonic() - oldest))
+    def _release(self, client: str | None) -> None:
+        """Give back a session's place in its client's quota."""
+        if client is not None and client in self._per_client:
+            self._per_client[client] -= 1
+            if not self._per_client[client]:
+                del self._per_client[client]  # a client with no session costs no memory
+
+    def _new_compat_id(self) -> int:
+        """A random integer id no live or lost session has. Random, not counted: no client
+        can guess another's session by counting, and an id from before a restart names
+        nothing (it is refused, never another session)."""
+        while True:
+            compat_id = 1 + secrets.randbelow(COMPAT_ID_LIMIT - 1)
+            if compat_id not in self._by_compat_id and compat_id not in self._lost_compat:
+                return compat_id
+
+    def _retry_after(self, sessions: Iterable[Session]) -> float:
+        """Seconds until the oldest idle one of ``sessions`` expires (at least 1)."""
+        oldest = min((s.last_active for s in sessions), default=None)
+        return 1.0 if oldest is None else max(1.0, self.ttl - (time.monotonic() - oldest))
 
     def _fail(self, session: Session, *, close_engine: bool) -> None:
         """Drop a session whose engine broke, counting the engine error once (a session lost
@@ -357,7 +398,8 @@ class SessionManager:
             self._fail(session, close_engine=False)
             if not session.lock.locked():
                 self._lost[session.session_id] = reason
-                self._lost_compat[session.compat_id] = session.session_id
+                if session.compat_id is not None:
+                    self._lost_compat[session.compat_id] = session.session_id
         for kept in (self._lost, self._lost_compat):
             while len(kept) > LOST_SESSIONS_KEPT:
                 kept.popitem(last=False)
@@ -368,7 +410,9 @@ class SessionManager:
             return
         session.closed = True
         self._sessions.pop(session.session_id, None)
-        self._by_compat_id.pop(session.compat_id, None)
+        if session.compat_id is not None:
+            self._by_compat_id.pop(session.compat_id, None)
+        self._release(session.client)
         self.stats.closed += 1
         if close_engine:
             try:

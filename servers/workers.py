@@ -11,8 +11,10 @@ sciworld's JVM bridge) run their engines here instead of in threads of the serve
   so it never runs engine code and never waits on a worker;
 * a worker that dies (a segfault, ``kill -9``) fails only the sessions it hosted
   (:class:`WorkerDied`; servers answer 503 ``engine_failed``) and is replaced at once;
-* a call past its deadline kills its worker (the only way to stop a call stuck in C code)
-  and fails that worker's sessions the same way; the replacement starts at once;
+* a call past its deadline fails its session, and its engine is told to abort the call
+  (``abort()``: sciworld kills its JVM); only if the call is still running
+  :data:`ABORT_GRACE_S` later is the worker killed (the only way to stop a call stuck in C
+  code, e.g. jericho's), failing its other sessions the same way; a replacement starts at once;
 * shutdown closes the sockets (workers close their engines and exit) and kills any worker
   still alive after :data:`EXIT_GRACE_S`, so it finishes in bounded time.
 """
@@ -42,6 +44,9 @@ EXIT_GRACE_S = 10.0
 """Seconds a worker gets to close its engines at shutdown before it is killed."""
 START_TIMEOUT_S = 120.0
 """Seconds a worker may take to import its env and warm its engines."""
+ABORT_GRACE_S = 5.0
+"""Seconds a call past its deadline gets to return once its engine was told to abort,
+before its worker (with every session on it) is killed."""
 
 
 class WorkerDied(RuntimeError):
@@ -132,13 +137,12 @@ class WorkerProcess:
         future = self._pending[request_id] = self._loop.create_future()
         self._writer.write(frame((request_id, op, engine.engine_id, name, args, kwargs or {})))
         try:
-            ok, value, state = await asyncio.wait_for(future, deadline)
+            # Shielded: past the deadline the reply still tells whether the abort freed the call.
+            ok, value, state = await asyncio.wait_for(asyncio.shield(future), deadline)
         except TimeoutError:
             self.engines.discard(engine)  # failed by the caller, not as a bystander
-            self.kill(f"an engine call passed its {deadline:g}s deadline")
+            self._abort(engine, future, f"an engine call passed its {deadline:g}s deadline")
             raise EngineTimeout(f"the environment engine did not answer within {deadline:g}s") from None
-        finally:
-            self._pending.pop(request_id, None)
         if not ok:
             raise decode_error(value)
         engine.apply(state)
@@ -156,6 +160,16 @@ class WorkerProcess:
             send()
         else:
             self._loop.call_soon_threadsafe(send)
+
+    def _abort(self, engine: RemoteEngine, call: asyncio.Future, reason: str) -> None:
+        """Have the worker abort ``engine``'s stuck call; kill the worker if the call has not
+        returned :data:`ABORT_GRACE_S` later."""
+        call.add_done_callback(lambda done: done.cancelled() or done.exception())  # nobody awaits it now
+        if self.alive and self._writer is not None:
+            self._writer.write(frame((None, "abort", engine.engine_id, "", (), {})))
+        self._loop.call_later(
+            ABORT_GRACE_S, lambda: call.done() or self.kill(f"{reason}; aborting it failed")
+        )
 
     def _reply_catalog(self, call_id: int, ok: bool, value: Any) -> None:
         if self.alive and self._writer is not None:
@@ -192,7 +206,7 @@ class WorkerProcess:
                     self._catalog.serve(message[1:], self._reply_catalog)
                     continue
                 request_id, ok, value, state = message
-                future = self._pending.get(request_id)
+                future = self._pending.pop(request_id, None)
                 if future is not None and not future.done():
                     future.set_result((ok, value, state))
         except (asyncio.IncompleteReadError, ConnectionError, WorkerDied, pickle.UnpicklingError) as exc:

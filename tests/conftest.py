@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,7 +61,7 @@ def send_raw(
     anything else as JSON); (None, {}) when the server died, hung or dropped the connection,
     so that a crash fails the caller's assertion instead of raising out of the test."""
     content = body if isinstance(body, str | bytes | Iterator) else json.dumps(body)
-    headers = {"content-type": "application/json"}
+    headers = {"content-type": "application/json", **kwargs.pop("headers", {})}
     try:
         response = http.request(method, path, content=content, headers=headers, **kwargs)
     except httpx.TransportError:
@@ -144,3 +146,26 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, agentgym_cache: str
     tiny_llama(vocab_size=len(tokenizer)).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+@contextlib.contextmanager
+def gateway_over(replicas: list[str]) -> Iterator[str]:
+    """A gateway in a thread in front of ``replicas`` (choice servers); yields its URL."""
+    from agentgym.servers.gateway import GatewayConfig, create_gateway_app
+
+    config = GatewayConfig({"choice": replicas}, health_interval=0.3)
+    with serve_in_thread(create_gateway_app(config)) as url:
+        yield url
+
+
+def start_up(args: list[str], *, background: bool = False) -> subprocess.Popen:
+    """`agentgym up ARGS` as a user runs it, its output readable line by line; ``background``:
+    as `up ... &` in a non-interactive shell, which starts it with SIGINT ignored."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "agentgym.cli", "up", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if background else None,
+    )

@@ -220,7 +220,7 @@ def test_searchqa_requests_through_the_gateway(http: httpx.Client, search_url: s
         serve_in_thread(create_gateway_app(GatewayConfig({"search": [search_url, second]}))) as gateway,
     ):
         clients = [SearchQACalls(http, f"{gateway}/envs/search") for _ in range(2)]
-        assert sorted(c.env_id % 2 for c in clients) == [0, 1]
+        assert len({c.env_id for c in clients}) == 2  # the replicas' own ids, passed through
         for client in clients:
             assert client.reset(3) == first_observation("search", SEARCH, "test", 3)
             assert client.close() is True

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,6 +39,14 @@ def create(http: httpx.Client) -> dict[str, Any]:
     response = http.post("/sessions", json={"split": "test", "index": 0})
     assert response.status_code == 201, response.text
     return response.json()
+
+
+def create_legacy(app: Any, http: httpx.Client) -> dict[str, Any]:
+    """A session opened by AgentGym's ``/create`` (only those have an integer id) on test task 0."""
+    compat_id = http.post("/create").json()["id"]
+    session_id = app.state.sessions.get_compat(compat_id).session_id
+    assert http.post(f"/sessions/{session_id}/reset", json={"split": "test", "index": 0}).status_code == 200
+    return {"session_id": session_id, "compat_id": compat_id}
 
 
 def worker_of(app: Any, session: dict[str, Any]) -> int:
@@ -95,8 +104,8 @@ def test_a_killed_worker_fails_only_its_sessions_and_is_replaced() -> None:
 def test_a_segfaulting_engine_takes_only_its_worker_down() -> None:
     app = create_app(ServerConfig(env=FaultyWorkerEnv.name, engine_workers=2))
     with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=120) as http:
-        victim, lost, kept = split_by_worker(app, [create(http) for _ in range(4)])
-        bystander_id = app.state.sessions.get(lost[1]["session_id"]).compat_id
+        victim, lost, kept = split_by_worker(app, [create_legacy(app, http) for _ in range(4)])
+        bystander_id = lost[1]["compat_id"]
         assert_engine_failed(step(http, lost[0], "segfault"))
         # A bystander on the same worker, through AgentGym's routes: 503 once, then gone.
         assert_engine_failed(http.post("/step", json={"id": bystander_id, "action": "blue"}))
@@ -111,7 +120,10 @@ def test_a_segfaulting_engine_takes_only_its_worker_down() -> None:
     assert_stopped_cleanly(app, url, workers)
 
 
-def test_a_call_past_its_deadline_kills_its_worker_only() -> None:
+def test_a_call_past_its_deadline_kills_its_worker_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine without ``abort()`` (jericho's) cannot be freed: its worker is killed once the
+    grace for an abort has passed (shortened here)."""
+    monkeypatch.setattr("agentgym.servers.workers.ABORT_GRACE_S", 0.5)
     app = create_app(ServerConfig(env=FaultyWorkerEnv.name, engine_workers=2, step_deadline=1.0))
     with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=120) as http:
         victim, lost, kept = split_by_worker(app, [create(http) for _ in range(4)])
@@ -120,6 +132,9 @@ def test_a_call_past_its_deadline_kills_its_worker_only() -> None:
         assert_engine_failed(response)
         assert "1s" in response.json()["error"]["message"]
         assert http.delete(f"/sessions/{stuck['session_id']}").status_code == 404  # gone, no hang
+        deadline = time.monotonic() + 30
+        while victim in app.state.sessions.host.pids() and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert_engine_failed(step(http, bystander, "blue"))
         for session in kept:
             assert step(http, session, "blue").json()["info"]["success"]

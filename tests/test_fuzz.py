@@ -2,10 +2,12 @@
 and the AgentGym-compatible routes) and of the gateway.
 
 Random Unicode (control characters and lone surrogates included), huge and non-finite
-numbers, wrong types and unparseable bodies go to each route. Properties: no 5xx but a
-documented engine failure (503 ``engine_failed``), the server process stays alive, and a
-bystander session on the same server still steps. Servers run as child processes, so a
-crash is a failed assertion rather than a dead pytest. Examples per route are bounded
+numbers, wrong types, unparseable bodies, deeply nested options, abusive headers and the
+interpreter's meta-verbs go to each route. Properties: no 5xx but a documented engine
+failure (503 ``engine_failed``), the server process stays alive, no file appears where it
+was started, and a bystander session on the same server is untouched (still at its first
+observation, whatever id the fuzzer tried) and still steps. Servers run as child
+processes, so a crash is a failed assertion rather than a dead pytest. Examples per route are bounded
 (``EXAMPLES``) to keep the file near a minute on two cores.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import quote
 
 import httpx
@@ -34,9 +37,13 @@ FUZZ = settings(
     database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
+HEADER_FUZZ = settings(FUZZ, suppress_health_check=[*FUZZ.suppress_health_check, HealthCheck.data_too_large])
+"""A value over 16 KiB is the point of the header strategy."""
 
 # ----- what is thrown ------------------------------------------------------------------
 
+META_VERBS = ["save", "restore", "undo", "restart", "quit", "script", "unscript", "transcript"]
+"""The interpreter's own verbs, which read or write files outside any session."""
 any_char = st.characters(exclude_categories=())  # control characters and lone surrogates too
 controls_among_letters = st.text(st.characters(max_codepoint=0x9F), min_size=2, max_size=12)
 """ASCII dense in C0/C1 controls: what made the Z-machine segfault ("\u00c5\u0015", "look\u000e")."""
@@ -45,6 +52,7 @@ texts = st.one_of(
     st.text(st.characters(max_codepoint=0x7F), max_size=40),
     controls_among_letters,
     st.sampled_from(["look", "go north", "blue", "\\hello", "The answer is 4", "train", "test", "boil/²"]),
+    st.sampled_from(META_VERBS).map(lambda verb: f"look. {verb.upper()} on"),
     st.text(any_char, min_size=190, max_size=260),
 )
 numbers = st.one_of(
@@ -64,6 +72,24 @@ objects = st.dictionaries(st.sampled_from(KEYS) | texts, json_values, max_size=4
 options = st.dictionaries(
     st.sampled_from(["max_turns", "split", "index", "simplifications"]), json_values, max_size=3
 )
+
+deep_options = st.builds(
+    lambda depth, brackets: '{"options": ' + brackets[0] * depth + "1" + brackets[1] * depth + "}",
+    st.integers(min_value=17, max_value=2000),
+    st.sampled_from([('{"unknown": ', "}"), ("[", "]")]),
+)
+"""Options nested past the servers' bound (16 levels): a ~1 KB body once reached the engine."""
+header_values = st.one_of(
+    st.text(st.characters(min_codepoint=0x21, max_codepoint=0xFF, exclude_characters="\x7f"), max_size=40),
+    st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=16_000, max_size=20_000),
+).map(lambda text: text.encode("latin-1"))  # RFC 9110 field values: httpx refuses edge spaces
+header_sets = st.one_of(
+    st.dictionaries(
+        st.sampled_from(["x-name", "x-a", "user-agent", "x-forwarded-for"]), header_values, max_size=3
+    ),
+    st.integers(min_value=90, max_value=120).map(lambda n: {f"x-{i}": b"v" for i in range(n)}),
+)
+"""Non-ASCII values, a value over 16 KiB, up to 120 fields: 431 past the bounds, else served."""
 
 
 @st.composite
@@ -109,7 +135,17 @@ class Target:
         return answer
 
 
+def bystander_untouched(http: httpx.Client, bystander: dict, action: str) -> None:
+    """The never-fuzzed session is where it was created (no fuzzed id or file reached it)
+    and still steps."""
+    state = http.get(f"/sessions/{bystander['session_id']}").json()
+    assert (state["turn"], state["observation"]) == (0, bystander["observation"]), state
+    step = http.post(f"/sessions/{bystander['session_id']}/step", json={"action": action})
+    assert step.status_code == 200, step.text
+
+
 def _serve(env: str) -> Iterator[Target]:
+    started_in = set(Path.cwd().iterdir())
     server = start_server_process(env, extra_args=["--log-level", "warning"])
     try:
         wait_healthy(server.url, timeout=180, process=server.process)
@@ -123,11 +159,10 @@ def _serve(env: str) -> Iterator[Target]:
             assert server.process.poll() is None, f"the {env} server died"
             # Healthy engines: a 503 engine_failed here would have been bad input let through.
             assert engine_errors(http) == 0, f"fuzzed requests broke {env} engines (see its 503s)"
-            action = bystander["info"].get("expert_action") or "look"
-            step = http.post(f"/sessions/{bystander['session_id']}/step", json={"action": action})
-            assert step.status_code == 200, step.text
+            bystander_untouched(http, bystander, bystander["info"].get("expert_action") or "look")
     finally:
         server.stop()
+    assert set(Path.cwd().iterdir()) == started_in, "an engine wrote where the server was started"
 
 
 @pytest.fixture(scope="module", params=["choice", "math", "textworld"])
@@ -188,41 +223,49 @@ def test_fuzz_tasks_query(target: Target, params: dict) -> None:
     body=bodies({"id": numbers, "env_idx": numbers, "data_idx": numbers, "action": texts}),
 )
 def test_fuzz_compat_routes(target: Target, route: str, body: str | bytes) -> None:
-    target.check("POST", route, _spare_bystander(body))
+    target.check("POST", route, body)  # no id reaches the bystander: it was not created by /create
 
 
 @FUZZ
 @given(
     route=st.sampled_from(["/observation", "/available_actions"]),
-    params=st.dictionaries(st.sampled_from(["id", "env_idx"]), texts, max_size=2),
+    params=st.dictionaries(st.sampled_from(["id", "env_idx"]), texts | numbers.map(str), max_size=2),
 )
 def test_fuzz_compat_queries(target: Target, route: str, params: dict) -> None:
-    target.check("GET", route, params={k: "0" if _names_bystander(v) else v for k, v in params.items()})
+    target.check("GET", route, params=params)
 
 
-BYSTANDER_COMPAT_ID = 1
-"""The fixture opens the fuzzed session, then the bystander: compat ids 0 and 1."""
+@FUZZ
+@given(body=deep_options, route=st.sampled_from(["/sessions", "/openenv/reset", "LIVE"]))
+def test_fuzz_deep_options(target: Target, body: str, route: str) -> None:
+    deep_options_refused(target, body, route)
 
 
-def _names_bystander(value: object) -> bool:
-    """Whether a server could read ``value`` as the bystander's compat id (1, 1.0, true, " 1 ")."""
-    return value == BYSTANDER_COMPAT_ID or (
-        isinstance(value, str) and value.strip() == str(BYSTANDER_COMPAT_ID)
-    )
+@HEADER_FUZZ
+@given(headers=header_sets)
+def test_fuzz_headers(target: Target, headers: dict[str, bytes]) -> None:
+    headers_bounded(target, headers)
 
 
-def _spare_bystander(body: str | bytes) -> str | bytes:
-    """The body with any id naming the bystander pointed at the fuzzed session instead:
-    a fuzzer that steps or closes the bystander by its compat id would test nothing."""
-    try:
-        payload = json.loads(body)
-    except (ValueError, RecursionError):
-        return body
-    if not isinstance(payload, dict):
-        return body
-    return json.dumps(
-        {k: 0 if k in ("id", "env_idx") and _names_bystander(v) else v for k, v in payload.items()}
-    )
+def deep_options_refused(target: Target, body: str, route: str) -> None:
+    """Options nested past the bound are a 422 on every route, before an engine sees them,
+    and a reset with them leaves the live session as it was."""
+    path = f"/sessions/{target.session}/reset" if route == "LIVE" else route
+    answer = target.check("POST", path, body)
+    # Past Python's recursion limit the JSON parser itself refuses the body (invalid_payload).
+    assert answer.get("error", {}).get("code") in ("validation_error", "invalid_payload"), answer
+    assert target.http.get(f"/sessions/{target.session}").status_code == 200
+
+
+def headers_bounded(target: Target, headers: dict[str, bytes]) -> None:
+    """Any header set is served or refused with 431 (past 16 KiB or 100 fields), never 5xx."""
+    status, answer = send_raw(target.http, "GET", f"/sessions/{target.session}", headers=headers)
+    assert status is not None and target.server.process.poll() is None, "no answer (crashed or hung)"
+    size = sum(len(k) + len(v) + 4 for k, v in headers.items())  # "k: v\r\n"
+    if len(headers) > 100 or size > 16 * 1024:
+        assert status == 431 and answer["error"]["code"] == "headers_too_large", (status, answer)
+    else:  # near the bounds httpx's own headers may tip it over
+        assert status == 200 or (status == 431 and (len(headers) > 90 or size > 15_000)), (status, answer)
 
 
 # ----- the gateway ---------------------------------------------------------------------
@@ -242,12 +285,7 @@ def gateway(agentgym_cache: str) -> Iterator[Target]:
                 bystander = http.post("/sessions", json={}).json()
                 yield Target(front, http, session, bystander)
                 assert replica.process.poll() is None, "the replica died"
-                assert (
-                    http.post(
-                        f"/sessions/{bystander['session_id']}/step", json={"action": "blue"}
-                    ).status_code
-                    == 200
-                )
+                bystander_untouched(http, bystander, "blue")
         finally:
             front.stop()
     finally:
@@ -272,3 +310,15 @@ def test_fuzz_gateway_paths(gateway: Target, sid: str, env: str) -> None:
     gateway.check("GET", f"{gateway.server.url}/envs/{_quoted(env)}/sessions/{_quoted(sid)}")
     gateway.check("GET", f"/sessions/{_session_path(gateway, sid)}")
     gateway.check("GET", "/observation", params={"id": sid})
+
+
+@FUZZ
+@given(body=deep_options, route=st.sampled_from(["/sessions", "/openenv/reset", "LIVE"]))
+def test_fuzz_gateway_deep_options(gateway: Target, body: str, route: str) -> None:
+    deep_options_refused(gateway, body, route)
+
+
+@HEADER_FUZZ
+@given(headers=header_sets)
+def test_fuzz_gateway_headers(gateway: Target, headers: dict[str, bytes]) -> None:
+    headers_bounded(gateway, headers)

@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import re
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -17,7 +15,7 @@ from dataclasses import dataclass
 import httpx
 import psutil
 import pytest
-from conftest import read_until, send_raw, stop_with_ctrl_c
+from conftest import gateway_over, read_until, send_raw, start_up, stop_with_ctrl_c
 from typer.testing import CliRunner
 
 from agentgym.checker import run_checks
@@ -25,7 +23,6 @@ from agentgym.cli import app, parse_replica_urls
 from agentgym.client import AsyncEnvClient, EnvClient, RetryPolicy
 from agentgym.errors import AtCapacity, EngineError
 from agentgym.servers.app import ServerConfig
-from agentgym.servers.gateway import GatewayConfig, create_gateway_app
 from agentgym.servers.launcher import (
     ServerProcess,
     free_port,
@@ -36,14 +33,6 @@ from agentgym.servers.launcher import (
 
 HTTP = httpx.Client(timeout=30.0)
 """One pooled client for direct requests: ``httpx.get`` builds a client (and a TLS context) per call."""
-
-
-@contextlib.contextmanager
-def gateway_over(replicas: list[str]) -> Iterator[str]:
-    """A gateway in a thread in front of ``replicas`` (choice servers); yields its URL."""
-    config = GatewayConfig({"choice": replicas}, health_interval=0.3)
-    with serve_in_thread(create_gateway_app(config)) as url:
-        yield url
 
 
 @contextlib.contextmanager
@@ -75,17 +64,6 @@ def replica_of(gateway_session_id: str, replicas: list[str]) -> tuple[str, str]:
     holders = [url for url in replicas if HTTP.get(f"{url}/sessions/{local_id}").status_code == 200]
     assert len(holders) == 1, f"{gateway_session_id} lives on {holders}"
     return holders[0], local_id
-
-
-def start_up(args: list[str]) -> subprocess.Popen:
-    """`agentgym up ARGS` as a user runs it, its output readable line by line."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "agentgym.cli", "up", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "COLUMNS": "200"},
-    )
 
 
 async def open_sessions(url: str, count: int) -> list[str]:
@@ -146,11 +124,12 @@ def test_wire_api_checks_pass_through_the_gateway() -> None:
         assert not failed, failed
 
 
-def test_compat_routes_map_integer_ids_to_their_replica() -> None:
+def test_compat_routes_send_integer_ids_to_their_replica() -> None:
     with thread_replicas(2) as replicas, gateway_over(replicas) as gateway:
         env_url = f"{gateway}/envs/choice"
         ids = [HTTP.post(f"{env_url}/create").json()["id"] for _ in range(4)]
-        assert len(set(ids)) == 4 and {i % 2 for i in ids} == {0, 1}
+        assert len(set(ids)) == 4
+        assert [HTTP.get(f"{url}/health").json()["sessions"] for url in replicas] == [2, 2]
         for compat_id in ids:
             reset = HTTP.post(f"{env_url}/reset", json={"id": compat_id, "data_idx": 1}).json()
             assert reset["task_id"] == "choice/train/1"

@@ -237,6 +237,28 @@ def test_a_searched_gold_path_is_kept_for_the_next_episode(env: SciWorldEnv) -> 
     assert info["success"] and GOLD_PATHS.searched == searched + 1
 
 
+def test_spellings_of_one_simplification_set_share_one_gold_path_search() -> None:
+    """Issue 40: every new spelling of a set of simplifications (order, duplicates, spaces)
+    made a reset search the gold path again. Through HTTP on a server whose engines run in
+    this process, so that its gold paths are the ones counted here."""
+    spellings = [
+        "openDoors,teleportAction",
+        " teleportAction , openDoors",
+        "openDoors,teleportAction,openDoors",
+        ["teleportAction", "openDoors"],
+    ]
+    searched = GOLD_PATHS.searched
+    config = ServerConfig(env="sciworld", env_config=POOL, engine_workers=0, warm=0)
+    with serve_in_thread(config) as url, httpx.Client(base_url=url, timeout=300) as http:
+        for spelling in spellings:
+            task = {"task_id": "find-animal/5", "options": {"simplifications": spelling}}
+            created = http.post("/sessions", json=task)
+            assert created.status_code == 201, created.text
+            assert created.json()["info"]["expert_action"]
+            http.delete(f"/sessions/{created.json()['session_id']}")
+    assert GOLD_PATHS.searched == searched + 1
+
+
 def test_gold_table_for_another_engine_version_is_ignored(tmp_path, caplog, monkeypatch) -> None:
     table = tmp_path / "gold.json.gz"
     shipped = {"scienceworld": "0.0", "simplifications": "", "paths": {"boil/0": "look around"}}

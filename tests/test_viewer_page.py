@@ -1,6 +1,6 @@
 """Issue 21 item 5: the viewer page in real headless chromium (Debian's, as in
 test_viewer.py) and ``agentgym plot``'s curves.png: the episode header's turn count, no
-stray ``null`` in turns, rate axes on 0..1, integer step axes, values on chart hover, deep
+stray ``null`` in turns, the count of malformed lines skipped (issue 40), rate axes on 0..1, integer step axes, values on chart hover, deep
 links to an episode, and behaviour cloning told apart from RL in the loss panel."""
 
 from __future__ import annotations
@@ -60,6 +60,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("run")
     write_trajectories(root / "rollouts" / "step-000003.jsonl", [episode(i, "react") for i in range(4)])
     write_trajectories(root / "eval" / "trajectories.jsonl", [episode(i, "plain") for i in range(3)])
+    with (root / "eval" / "trajectories.jsonl").open("a") as malformed:  # skipped, and counted
+        malformed.write(json.dumps({"task_id": "bad", "messages": "not a list"}) + "\n")
     (root / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in METRICS))
     return root
 
@@ -104,6 +106,10 @@ def open_row(page: Any, source: str, nth: int = 0) -> int:
 
 
 # ----- episodes ---------------------------------------------------------------------------
+
+
+def test_the_header_counts_episodes_and_skipped_malformed_lines(page: Any) -> None:
+    assert page.inner_text("#root").endswith("· 7 episodes · 1 malformed skipped")
 
 
 def test_the_episode_header_counts_turns(page: Any) -> None:

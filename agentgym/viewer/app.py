@@ -94,10 +94,10 @@ def create_app(
         number = _parse(episode_id, int, "episode id")
         index.refresh()
         try:
-            record = index.record(number)
+            summary, record = index.episode(number)
         except KeyError:
-            raise NotFound(f"no episode {episode_id}") from None
-        return episode_view(asdict(index.summaries[number]), record, decoder_for(record))
+            raise NotFound(f"no episode {episode_id} (or its file was rewritten since)") from None
+        return episode_view(asdict(summary), record, decoder_for(record))
 
     @app.exception_handler(AgentGymError)
     async def error(_: Request, exc: AgentGymError) -> JSONResponse:

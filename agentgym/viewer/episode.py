@@ -19,6 +19,31 @@ from agentgym.viewer.tokens import TokenDecoder
 THOUGHT_RE = re.compile(r"Thought:\s*(.*?)\s*(?:\nAction:|$)", re.S)
 
 
+def check_record(record: dict[str, Any]) -> None:
+    """``ValueError`` unless ``record`` has the shapes :func:`episode_view` reads:
+    ``messages`` a list of ``{"role", "content"}`` strings, ``actions`` and ``rewards``
+    lists, ``token_ids`` integers with ``loss_mask`` and ``logprobs`` numbers of the same
+    length (each may be absent or empty when there are no tokens)."""
+    messages = record.get("messages")
+    if not isinstance(messages, list) or not all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in messages
+    ):
+        raise ValueError("messages must be a list of {role, content} strings")
+    for key in ("actions", "rewards"):
+        if not isinstance(record.get(key, []), list):
+            raise ValueError(f"{key} must be a list")
+    ids = record.get("token_ids") or []
+    if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        raise ValueError("token_ids must be a list of integers")
+    for key in ("loss_mask", "logprobs"):
+        values = record.get(key) or []  # empty or absent: the view fills in defaults
+        if values and (not isinstance(values, list) or len(values) != len(ids)):
+            raise ValueError(f"{key} must have one entry per token ({len(ids)})")
+        if not all(isinstance(v, int | float) for v in values):
+            raise ValueError(f"{key} must hold numbers")
+
+
 def thought_of(reply: str, agent_format: str) -> str | None:
     """The reasoning part of a reply (react ``Thought:``, json ``"thought"``); ``None`` if absent."""
     if agent_format == "json":

@@ -1,24 +1,32 @@
-"""A lazy, append-only index of the trajectory JSONL files under a run folder (or one file).
+"""A lazy index of the trajectory JSONL files under a run folder (or one file).
 
 Each line is parsed once to keep a small summary (env, task, outcome, reward, step) plus
 its byte offset; full records are read back with one ``seek`` when an episode is opened,
 so a 10,000-episode file costs one scan and pages are filtered in memory. Files may grow
 while a run is going: :meth:`EpisodeIndex.refresh` reads only the bytes appended since the
 last scan (whole lines only: a line still being written is picked up next time).
-Episode ids are positions in the index; it only ever grows, so ids stay valid.
+
+A line that is not a trajectory record, or whose fields have shapes the episode view
+cannot show (:func:`~agentgym.viewer.episode.check_record`), is skipped and counted. A
+file rewritten under the viewer (truncated, replaced, or changed in place) is read again
+from its start: its old episodes are gone (their ids answer 404), its new ones get new
+ids. Ids are never reused, so an id never names another episode.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
-from dataclasses import asdict, dataclass
+import zlib
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agentgym.trajectory import is_trajectory_record, jsonl_files, sniff_trajectory_file, step_of
+from agentgym.viewer.episode import check_record
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +69,22 @@ class _Location:
     file: Path
     offset: int
     length: int
+    crc: int
+    """CRC-32 of the line's bytes: a line read back with another one was rewritten."""
+
+
+@dataclass
+class _FileState:
+    """What the index has read of one file, to tell appended bytes from a rewrite."""
+
+    stat: tuple[int, int, int]
+    """(inode, size, mtime) when last scanned: unchanged means nothing to read."""
+    consumed: int = 0
+    """Bytes read so far (whole lines)."""
+    last_line: _Location | None = None
+    """The last line read: an append leaves it as it was, a rewrite does not."""
+    skipped: int = 0
+    episodes: list[int] = field(default_factory=list)
 
 
 def summarize(index: int, source: str, step: int | None, record: dict[str, Any], ordinal: int = 0) -> Summary:
@@ -94,12 +118,10 @@ class EpisodeIndex:
             raise NotTrajectoryFile(f"{self.root} does not exist")
         if self.root.is_file() and not sniff_trajectory_file(self.root):
             raise NotTrajectoryFile(f"{self.root} is not a trajectory JSONL file")
-        self.summaries: list[Summary] = []
-        self.skipped_lines = 0
-        self._locations: list[_Location] = []
-        self._scanned: dict[Path, int] = {}  # bytes consumed so far, per file
+        self._episodes: dict[int, tuple[Summary, _Location]] = {}
+        self._next_id = 0
+        self._files: dict[Path, _FileState] = {}
         self._rejected: set[Path] = set()  # JSONL files that are not trajectories
-        self._per_source: dict[str, int] = {}  # episodes indexed so far, per file
         self._lock = threading.Lock()
         self._last_refresh = 0.0
         self.refresh(force=True)
@@ -108,44 +130,85 @@ class EpisodeIndex:
     def metrics_path(self) -> Path | None:
         return self.root / METRICS_FILE if self.root.is_dir() else None
 
+    @property
+    def summaries(self) -> list[Summary]:
+        """Every episode indexed, in file order."""
+        with self._lock:
+            return [summary for summary, _ in self._episodes.values()]
+
+    @property
+    def skipped_lines(self) -> int:
+        """Lines of the current files that are not episodes the viewer can show."""
+        with self._lock:
+            return sum(state.skipped for state in self._files.values())
+
     def files(self) -> list[Path]:
         """Trajectory files to index, in a stable order (steps in numeric order first)."""
         return jsonl_files(self.root)
 
     def refresh(self, force: bool = False) -> None:
-        """Index new files and lines appended to known ones (at most once per second unless forced)."""
+        """Index new files and lines appended to known ones, read rewritten files again and
+        forget removed ones (at most once per second unless forced)."""
         with self._lock:
             now = time.monotonic()
             if not force and now - self._last_refresh < REFRESH_EVERY_S:
                 return
             self._last_refresh = now
-            for path in self.files():
+            present = self.files()
+            for gone in self._files.keys() - set(present):
+                self._forget(gone)
+            for path in present:
                 if path in self._rejected:
                     continue
-                if path not in self._scanned and not sniff_trajectory_file(path):
-                    # Empty files may still become trajectory files; only reject real content.
-                    if path.stat().st_size > 0:
-                        self._rejected.add(path)
-                    continue
-                self._scan(path)
+                try:
+                    self._refresh_file(path)
+                except OSError as exc:  # removed or unreadable since it was listed
+                    log.warning("%s: not read: %s", path, exc)
+                    self._forget(path)
 
-    def _scan(self, path: Path) -> None:
-        start = self._scanned.get(path, 0)
-        if path.stat().st_size <= start:
+    def _refresh_file(self, path: Path) -> None:
+        info = os.stat(path)
+        stat = (info.st_ino, info.st_size, info.st_mtime_ns)
+        state = self._files.get(path)
+        if state is not None and state.stat == stat:
             return
+        if state is not None and (stat[0] != state.stat[0] or not _unchanged(state.last_line, info.st_size)):
+            log.info("%s was rewritten: reading it again", path)
+            self._forget(path)
+            state = None
+        if state is None:
+            if not sniff_trajectory_file(path):
+                # Empty files may still become trajectory files; only reject real content.
+                if info.st_size > 0:
+                    self._rejected.add(path)
+                return
+            state = self._files[path] = _FileState(stat)
+        self._scan(path, state)
+        state.stat = stat
+
+    def _forget(self, path: Path) -> None:
+        """Drop a file's episodes and what was read of it (it is read again if it is still there)."""
+        state = self._files.pop(path, None)
+        if state is not None:
+            for episode_id in state.episodes:
+                del self._episodes[episode_id]
+
+    def _scan(self, path: Path, state: _FileState) -> None:
         source = str(path.relative_to(self.root)) if self.root.is_dir() else path.name
         step = step_of(path)
         with open(path, "rb") as handle:
-            handle.seek(start)
-            offset = start
+            handle.seek(state.consumed)
             for line in handle:
                 if not line.endswith(b"\n"):
                     break  # being written (or torn by a crash): read it once it is complete
-                self._add_line(path, source, step, offset, line)
-                offset += len(line)
-        self._scanned[path] = offset
+                where = _Location(path, state.consumed, len(line), zlib.crc32(line))
+                self._add_line(state, source, step, where, line)
+                state.consumed += len(line)
+                state.last_line = where
 
-    def _add_line(self, path: Path, source: str, step: int | None, offset: int, line: bytes) -> None:
+    def _add_line(
+        self, state: _FileState, source: str, step: int | None, where: _Location, line: bytes
+    ) -> None:
         if not line.strip():
             return
         try:
@@ -153,41 +216,67 @@ class EpisodeIndex:
         except ValueError:
             record = None
         if not is_trajectory_record(record):
-            self.skipped_lines += 1
-            log.warning("%s: skipping a line at byte %d that is not a trajectory record", path, offset)
+            state.skipped += 1
+            log.warning(
+                "%s: skipping a line at byte %d that is not a trajectory record", where.file, where.offset
+            )
             return
         try:
-            ordinal = self._per_source.get(source, 0)
-            summary = summarize(len(self.summaries), source, step, record, ordinal)
+            check_record(record)
+            summary = summarize(self._next_id, source, step, record, len(state.episodes))
         except (TypeError, ValueError, OverflowError) as exc:
-            # A field of the wrong type ("sample": "x"): skip the line. Raising here would
-            # leave the scan offset before it, so every later refresh would fail on it again.
-            self.skipped_lines += 1
-            log.warning("%s: skipping a record at byte %d with a malformed field: %s", path, offset, exc)
+            # A field of the wrong type ("sample": "x", messages not a list): skip the line.
+            # Raising here would leave the scan offset before it, so every later refresh
+            # would fail on it again.
+            state.skipped += 1
+            log.warning(
+                "%s: skipping a record at byte %d with a malformed field: %s", where.file, where.offset, exc
+            )
             return
-        self._per_source[source] = ordinal + 1
-        self.summaries.append(summary)
-        self._locations.append(_Location(path, offset, len(line)))
+        self._episodes[self._next_id] = (summary, where)
+        state.episodes.append(self._next_id)
+        self._next_id += 1
 
-    def record(self, episode_id: int) -> dict[str, Any]:
-        """The full record of an episode; ``KeyError`` for an unknown id."""
-        if not 0 <= episode_id < len(self._locations):
+    def episode(self, episode_id: int) -> tuple[Summary, dict[str, Any]]:
+        """An episode's summary and full record; ``KeyError`` for an id unknown or gone
+        (its file was rewritten or removed since it was indexed)."""
+        with self._lock:
+            summary, where = self._episodes[episode_id]
+        try:
+            with open(where.file, "rb") as handle:
+                handle.seek(where.offset)
+                line = handle.read(where.length)
+        except OSError:
+            line = b""
+        if zlib.crc32(line) != where.crc:  # rewritten since it was read: read it again now
+            with self._lock:
+                self._forget(where.file)
+            self.refresh(force=True)
             raise KeyError(episode_id)
-        where = self._locations[episode_id]
-        with open(where.file, "rb") as handle:
-            handle.seek(where.offset)
-            return json.loads(handle.read(where.length))
+        return summary, json.loads(line)
 
     def facets(self) -> dict[str, Any]:
         """Distinct values for the filter menus, and counts."""
-        summaries = list(self.summaries)
+        summaries = self.summaries
         return {
             "episodes": len(summaries),
+            "next_id": self._next_id,  # moves with every episode added, also by a rewrite
             "envs": sorted({s.env for s in summaries}),
             "steps": sorted({s.step for s in summaries if s.step is not None}),
             "sources": list(dict.fromkeys(s.source for s in summaries)),
             "skipped_lines": self.skipped_lines,
         }
+
+
+def _unchanged(line: _Location | None, size: int) -> bool:
+    """Whether the last line read is still in its file as it was (so the file only grew)."""
+    if line is None:
+        return True
+    if size < line.offset + line.length:
+        return False
+    with open(line.file, "rb") as handle:
+        handle.seek(line.offset)
+        return zlib.crc32(handle.read(line.length)) == line.crc
 
 
 @dataclass(frozen=True)
@@ -217,7 +306,7 @@ class EpisodeFilter:
 
 def page(index: EpisodeIndex, where: EpisodeFilter, offset: int, limit: int) -> dict[str, Any]:
     """``{"total", "offset", "limit", "episodes"}``: the ``limit`` matches from ``offset`` on."""
-    matches = [s for s in list(index.summaries) if where.matches(s)]
+    matches = [s for s in index.summaries if where.matches(s)]
     return {
         "total": len(matches),
         "offset": offset,

@@ -274,6 +274,14 @@ class SciWorldEnv(TextEnv):
             return self._gold[self._gold_position]
         return None
 
+    def abort(self) -> None:
+        """Kill the JVM of a call stuck past the server's deadline (the engine worker calls
+        this from another thread): the call then fails at once with :class:`JvmFailed`, so
+        the worker and its other sessions live on instead of being killed with it."""
+        jvm = self._jvm
+        if jvm is not None:
+            jvm.process.kill()
+
     @property
     def jvm_pid(self) -> int | None:
         """Process id of the JVM this instance holds (``None`` before the first reset)."""
@@ -308,7 +316,9 @@ class SciWorldEnv(TextEnv):
 
 
 def _check_simplifications(value: object) -> str:
-    """A valid simplification string (``""``, ``"easy"`` or a comma list) or SchemaError."""
+    """A valid simplification string (``""``, ``"easy"`` or a comma list) in its canonical
+    spelling (sorted, no duplicates: the engine reads a set), or SchemaError. Gold paths are
+    kept per spelling, so each new spelling of one set would cost a path search."""
     if isinstance(value, list | tuple):
         value = ",".join(map(str, value))
     if not isinstance(value, str):
@@ -319,7 +329,7 @@ def _check_simplifications(value: object) -> str:
         raise SchemaError(
             f"unknown simplification(s) {unknown}; choose 'easy' or from {list(SIMPLIFICATIONS)}"
         )
-    return ",".join(parts)
+    return ",".join(sorted(set(parts)))
 
 
 def _refuse_electrical_removal(task_type: TaskType, simplifications: str) -> None:

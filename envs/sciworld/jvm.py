@@ -92,8 +92,11 @@ class JvmSettings:
     """A background start waits until no JVM was acquired for this long (10x it at most), so
     a burst of creates does not share the cores with the JVM starts it triggered (a start
     costs seconds of CPU), and is dropped if released JVMs refilled the pool meanwhile."""
-    call_timeout_s: float = 120.0
-    """Longest single engine call (a load with gold path takes up to ~8 s alone)."""
+    call_timeout_s: float = 45.0
+    """Longest single engine call (a load with gold path takes up to ~8 s alone). Below the
+    servers' 60 s step deadline (``ServerConfig.step_deadline``), so a hung JVM fails only its
+    own call and session; past the deadline the engine worker, with every session on it,
+    would be killed unless :meth:`SciWorldEnv.abort` frees the call first."""
 
     def java_options(self) -> list[str]:
         return [f"-Xmx{self.heap_mb}m", "-XX:+UseSerialGC"]

@@ -21,6 +21,7 @@ from agentgym.cache import cache_dir as agentgym_cache_dir
 from agentgym.core import ActionRules, Task, TaskListsMixin, TextEnv, Transition
 from agentgym.envs.textworld.store import GameStore, game_store
 from agentgym.envs.textworld.tasks import DIFFICULTIES, build_tasks, game_spec
+from agentgym.errors import InvalidAction
 
 DEFAULT_CHALLENGES = ("tw-coin_collector", "tw-treasure_hunter", "tw-simple", "tw-cooking")
 DEFAULT_MAX_TURNS = {"easy": 30, "medium": 50, "hard": 80}
@@ -71,6 +72,29 @@ action made it segfault, a leading backslash starts one of frotz's own meta-comm
 (``\\help``) that waits for more input for ever, and it reads 198 bytes at most (jericho
 cut longer actions, mid-character too). NFKC first folds full-width letters and the like
 into ASCII."""
+
+META_VERBS = (
+    "save",
+    "restore",
+    "restart",
+    "undo",
+    "quit",
+    "q",
+    "script",
+    "transcript",
+    "unscript",
+    "noscript",
+)
+"""The interpreter's out-of-world verbs, refused anywhere in an action. ``save`` wrote
+``game.qzl`` into the server's working directory and a ``restore`` in any later session
+loaded it (a reward hack across sessions); ``script``/``transcript`` wrote a transcript
+file named after the whole command. Anywhere, not only first: the parser runs commands
+chained with ``.`` and ``then`` (``look. save``). No TextWorld vocabulary uses these
+words, so no game command is lost."""
+_DICTIONARY_LETTERS = 9
+"""A Z-machine (v5+) dictionary word is its first 9 letters: ``transcripts`` is ``transcript``."""
+_META_WORDS = {verb[:_DICTIONARY_LETTERS]: verb for verb in META_VERBS}
+_WORDS = re.compile(r"[a-z]+")
 
 _BANNER = re.compile(r"^(?:[ \t_|\\/$<>]*\n)+")
 """The leading ASCII-art lines (only drawing characters) of the opening text."""
@@ -156,6 +180,19 @@ class TextWorldEnv(TaskListsMixin, TextEnv):
 
     def instruction(self) -> str:
         return INSTRUCTION
+
+    @classmethod
+    def validate_action(cls, action: object) -> str:
+        """The Z-machine rules, then InvalidAction (400) for any :data:`META_VERBS`."""
+        action = super().validate_action(action)
+        words = (word[:_DICTIONARY_LETTERS] for word in _WORDS.findall(action.lower()))
+        refused = sorted({_META_WORDS[word] for word in words if word in _META_WORDS})
+        if refused:
+            raise InvalidAction(
+                f"action uses the interpreter's meta-verb(s) {', '.join(refused)}, which this "
+                f"environment refuses (no saving, restoring, restarting, undoing, quitting or transcripts)"
+            )
+        return action
 
     def warm_up(self) -> None:
         """Queue the train and test games for background generation (interleaved, in list

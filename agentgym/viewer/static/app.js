@@ -256,11 +256,18 @@ function seriesOf(name, get) {
 // New rollouts appear while a run trains: refresh the menus and the current page.
 async function pollEpisodes() {
   const info = await getJSON("/api/info");
-  if (info.episodes !== state.info.episodes) {
+  if (["episodes", "next_id", "skipped_lines"].some((key) => info[key] !== state.info[key])) {
     state.info = info;
+    showCounts(info);
     fillMenus(info);
     await loadPage();
   }
+}
+
+// Malformed lines are skipped, never shown: the header says how many.
+function showCounts(info) {
+  const skipped = info.skipped_lines ? ` · ${info.skipped_lines} malformed skipped` : "";
+  document.getElementById("root").textContent = `${info.root} · ${info.episodes} episodes${skipped}`;
 }
 
 function fillMenus(info) {
@@ -279,7 +286,7 @@ function showTab(name) {
 
 async function main() {
   state.info = await getJSON("/api/info");
-  document.getElementById("root").textContent = `${state.info.root} · ${state.info.episodes} episodes`;
+  showCounts(state.info);
   fillMenus(state.info);
   let typing;
   const form = document.getElementById("filters");
