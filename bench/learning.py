@@ -71,10 +71,22 @@ ARMS: dict[str, dict[str, Any]] = {
     "grpo+scaling-inter": {"algo": "grpo", "schedule": "scaling-inter"},
     "grpo+fixed": {"algo": "grpo", "schedule": "fixed"},
     "gigpo+scaling-inter": {"algo": "gigpo", "schedule": "scaling-inter"},
+    # Off-policy: one-step-off async, every minibatch sampled by an older policy, so the
+    # clip bounds have ratios to act on; the pair differs only in the clip rule.
+    "bapo+async": {"algo": "bapo", "schedule": "scaling-inter", "mode": "async"},
+    "bapo+async+fixed-clip": {
+        "algo": "bapo",
+        "schedule": "scaling-inter",
+        "mode": "async",
+        "clip_rule": "fixed",
+    },
     BC_ARM: {},
 }
 """Arm name -> TrainConfig overrides. The first arm is the reference ``bc-continued`` is timed by."""
-DEFAULT_ARMS = {"textworld": list(ARMS), "search": ["bapo+scaling-inter", "grpo+fixed", BC_ARM]}
+DEFAULT_ARMS = {
+    "textworld": ["bapo+scaling-inter", "bapo+fixed", "grpo+scaling-inter", "grpo+fixed", BC_ARM],
+    "search": ["bapo+scaling-inter", "grpo+fixed", BC_ARM],
+}
 
 console = Console(width=200)  # a wide table: never fold it into an 80-column terminal
 
@@ -198,7 +210,7 @@ PANELS = {"validation": "val_outcomes", "test": "eval_outcomes"}
 
 def report(root: Path, arms: list[str], seeds: list[int]) -> None:
     """Print the tables; write them to ``root/table.txt``, with ``root/manifest.json`` beside."""
-    tables = [build_table(root, arms, seeds, panel) for panel in PANELS]
+    tables = [build_table(root, arms, seeds, panel) for panel in PANELS] + [dynamics_table(root, arms, seeds)]
     text = Console(width=200, record=True, file=io.StringIO())
     for table in tables:
         console.print(table)
@@ -257,6 +269,45 @@ def arm_figures(
         "" if entropy is None else f"{entropy:.3f}",
         "" if wall is None else f"{wall / 60:.1f} min",
     ]
+
+
+def dynamics_table(root: Path, arms: list[str], seeds: list[int]) -> Table:
+    """What the clipped updates saw, per RL arm (means over seeds): the token entropy at the
+    first and last RL step, the ratio spread (p05-p95, mean over RL steps), the share of
+    tokens the bounds held, the share of updates whose BAPO search moved the bounds, and
+    how the searches ended."""
+    table = Table(title=f"RL updates on {root.name}: what the clip bounds had to act on")
+    columns = ["arm", "seeds", "entropy first -> last", "ratio p05-p95", "tokens clipped", "bounds moved"]
+    for column in [*columns, "BAPO searches"]:
+        table.add_column(column)
+    for arm in arms:
+        steps = [
+            [r for r in _records(run_dir(root, arm, s)) if r["phase"] == "rl"]
+            for s in seeds
+            if finished(run_dir(root, arm, s))
+        ]
+        steps = [run for run in steps if run]
+        if not steps:
+            continue
+        flat = [r for run in steps for r in run]
+        first, last = (_mean_of(run[i].get("entropy") for run in steps) for i in (0, -1))
+        low, high = (_mean_of(r.get(key) for r in flat) for key in ("ratio_p05", "ratio_p95"))
+        clipped = _mean_of(r.get("clip_frac_low", 0) + r.get("clip_frac_high", 0) for r in flat)
+        moved = _mean_of(r.get("bounds_moved") for r in flat)
+        searches: dict[str, int] = {}
+        for r in flat:
+            for outcome, count in r.get("bapo_search", {}).items():
+                searches[outcome] = searches.get(outcome, 0) + count
+        table.add_row(
+            arm,
+            str(len(steps)),
+            f"{first:.3f} -> {last:.3f}" if first is not None and last is not None else "",
+            f"{low:.3f}-{high:.3f}" if low is not None and high is not None else "",
+            "" if clipped is None else f"{100 * clipped:.2f}%",
+            "" if moved is None else f"{100 * moved:.0f}% of updates",
+            ", ".join(f"{o} {n}" for o, n in searches.items()),
+        )
+    return table
 
 
 def bench_manifest(root: Path, arms: list[str], seeds: list[int]) -> dict[str, Any]:

@@ -78,6 +78,9 @@ def test_each_algorithm_trains_in_each_mode_within_the_staleness_bound(
         elif algo == "bapo":
             assert update["bapo_search"] in ("reached", "saturated")
             assert 0.6 <= update["clip_low"] <= 0.9 and 1.2 <= update["clip_high"] <= 3.0
+            # The step's share of updates whose search moved the bounds off (0.6, 1.2).
+            moved = (update["clip_low"], update["clip_high"]) != (0.6, 1.2)
+            assert update["bounds_moved"] == float(moved) == float(update["bapo_search_steps"] > 0)
         else:
             assert (update["clip_low"], update["clip_high"]) == (0.8, 1.2)
     assert all(0 <= r["cpu_idle_share"] <= 1 and r["step_s"] > 0 for r in history)

@@ -211,7 +211,12 @@ def bound_figures(bounds: Bounds, positive: float, negative: float) -> dict[str,
     search = bounds.search
     if search is None:
         return {"clip_low": bounds.low, "clip_high": bounds.high, "positive_share": rho}
-    figures = {"positive_share": search.rho, "bapo_search": search.outcome, "bapo_search_steps": search.steps}
+    figures = {
+        "positive_share": search.rho,
+        "bapo_search": search.outcome,
+        "bapo_search_steps": search.steps,
+        "bounds_moved": float(search.steps > 0),  # the step's mean: the share of its updates
+    }
     if search.outcome == "on-policy":
         return figures
     return {"clip_low": bounds.low, "clip_high": bounds.high, **figures}
