@@ -3,7 +3,7 @@ tried and which, if any, got a server error.
 
     python bench/fuzz.py [--envs choice math textworld ...] [--examples 50] [--json out.json]
 
-After schemathesis, a probe pass throws what a schema-driven fuzzer does not (issue 40):
+Before schemathesis (which fills the session slots), a probe pass throws what a schema-driven fuzzer does not (issue 40):
 options nested 17 to 5,000 deep on create and on a live session's reset, abusive headers
 (non-ASCII values, 120 fields, a 17 KiB value), the interpreter's meta-verbs as actions,
 and 2,000 AgentGym-compat ids around a live one. It counts requests and 5xx, and checks
@@ -74,7 +74,10 @@ def probe(target: str, url: str) -> Figures:
         bystander = http.post("/sessions", json={}, timeout=300).json()
         live = http.post("/sessions", json={}).json()["session_id"]
         legacy = http.post("/create", json={}).json()
-        legacy_id = legacy["id"] if isinstance(legacy, dict) else legacy
+        # Each AgentGym dialect answers /create its own way: an int, {"id": n}, {"env_idx": n}, ...
+        legacy_id = (
+            next(v for v in legacy.values() if isinstance(v, int)) if isinstance(legacy, dict) else legacy
+        )
 
         def send(method: str, path: str, **kwargs: object) -> None:
             with contextlib.suppress(httpx.TransportError):  # a refused head may close first
@@ -146,12 +149,13 @@ def main() -> None:
         gateway = start_gateway_process({s.env: [s.url] for s in servers})
         servers.append(gateway)
         wait_healthy(gateway.url, timeout=60, process=gateway.process)
-        for server in servers[:-1]:
-            results.append(fuzz(server.env, server.url, args.examples))
-            results.append(probe(server.env, server.url))
+        members = servers[:-1]
+        # Probes first: schemathesis fills the session slots a probe needs.
+        results += [probe(s.env, s.url) for s in members]
+        results += [probe(f"gateway/{s.env}", f"{gateway.url}/envs/{s.env}") for s in members]
+        results += [fuzz(s.env, s.url, args.examples) for s in members]
         # The gateway's own spec has /envs/{env}/... routes: fuzz them as they are.
         results.append(fuzz("gateway", gateway.url, args.examples))
-        results += [probe(f"gateway/{s.env}", f"{gateway.url}/envs/{s.env}") for s in servers[:-1]]
         for figures in results:
             print(_line(figures), flush=True)
         dead = [s.env for s in servers if s.process.poll() is not None]
