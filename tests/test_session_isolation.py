@@ -39,7 +39,6 @@ META_VERB_ACTIONS = [
     "restart",
     "undo",
     "quit",
-    "q",
     "script",
     "unscript",
     "transcript",

@@ -79,7 +79,6 @@ META_VERBS = (
     "restart",
     "undo",
     "quit",
-    "q",
     "script",
     "transcript",
     "unscript",
@@ -90,7 +89,8 @@ META_VERBS = (
 loaded it (a reward hack across sessions); ``script``/``transcript`` wrote a transcript
 file named after the whole command. Anywhere, not only first: the parser runs commands
 chained with ``.`` and ``then`` (``look. save``). No TextWorld vocabulary uses these
-words, so no game command is lost."""
+words, so no game command is lost. Not ``q``: quitting ends only the session's own game,
+and a one-letter word turns up in free and random text (Gymnasium's ``check_env`` samples)."""
 _DICTIONARY_LETTERS = 9
 """A Z-machine (v5+) dictionary word is its first 9 letters: ``transcripts`` is ``transcript``."""
 _META_WORDS = {verb[:_DICTIONARY_LETTERS]: verb for verb in META_VERBS}
