@@ -41,7 +41,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import hmac
 import itertools
 import json
 import logging
@@ -73,7 +72,7 @@ from agentgym.errors import (
 )
 from agentgym.inputs import as_integer, decimal
 from agentgym.servers.app import install_error_handlers
-from agentgym.servers.middleware import bearer_token, guards
+from agentgym.servers.middleware import bearer_token, guards, token_matches
 from agentgym.servers.openenv import refuse_session
 
 log = logging.getLogger(__name__)
@@ -256,7 +255,7 @@ class Gateway:
     def health(self, request: Request) -> dict[str, Any]:
         """The fleet report; the replicas' URLs only for a request bearing the token."""
         given, token = bearer_token(request.scope), self.config.token
-        trusted = bool(token) and given is not None and hmac.compare_digest(given, token.encode())
+        trusted = bool(token) and token_matches(given, token.encode())
         return self.fleet.report(members=trusted)
 
     # ----- forwarding ---------------------------------------------------------------

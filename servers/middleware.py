@@ -78,7 +78,12 @@ class BearerTokenMiddleware:
             await send({"type": "websocket.close", "code": 1008, "reason": "missing or wrong token"})
 
     def _matches(self, given: bytes | None) -> bool:
-        return given is not None and hmac.compare_digest(given, self.expected)
+        return token_matches(given, self.expected)
+
+
+def token_matches(given: bytes | None, expected: bytes) -> bool:
+    """Whether a request offered the expected token (in constant time)."""
+    return given is not None and hmac.compare_digest(given, expected)
 
 
 def bearer_token(scope: Scope) -> bytes | None:
