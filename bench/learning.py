@@ -4,6 +4,8 @@ same budget, on the same tasks and seeds, and a table of what each reached.
     python bench/learning.py                        # textworld, every arm, seeds 0 1 2
     python bench/learning.py --env search --arms bapo+scaling-inter,grpo+fixed,bc-continued
     python bench/learning.py --seeds 0 --arms bapo+scaling-inter --set steps=6
+    python bench/learning.py --arms bapo+scaling-inter,lr-5e-4 --reference bapo+scaling-inter \
+        --variant "lr-5e-4 bapo+scaling-inter rl_learning_rate=5e-4"
 
 Every run is ``agentgym train`` in its own process (one at a time: two torch jobs on two
 cores slow both) into ``--out/<env>/<arm>/seed-<s>``. Behaviour cloning is the same in
@@ -19,6 +21,10 @@ them, plus ``--set``) and differ only as named: the algorithm, fixed horizon
 (``max_turns`` = the schedule's last round) or ScalingInter-RL, and ``bc-continued``: no
 RL, behaviour cloning continued for as long as the same seed's first RL arm spent in RL
 (its wall time over a BC step's), so the table shows whether RL beats more imitation.
+A ``--variant "NAME ARM KEY=VALUE ..."`` is a further arm: ARM with those settings, for
+re-deriving one default against its runner-up. It shares the seed's cloning start, so
+its settings must be ones of the RL phase (learning rate, rounds, tasks per step), not of
+cloning; ``--reference`` names the arm the paired column is against.
 Every arm is evaluated greedily at the env's fixed held-out turn limit on the same
 validation tasks (``eval_every`` = the RL steps: after cloning and at the end), where
 choices are made, and on the same frozen test tasks, reported once per configuration.
@@ -101,26 +107,51 @@ def main() -> None:
         "--set", dest="settings", action="append", default=[], help="TrainConfig KEY=VALUE for every arm"
     )
     parser.add_argument(
+        "--variant",
+        dest="variants",
+        action="append",
+        default=[],
+        metavar='"NAME ARM KEY=VALUE ..."',
+        help="a further arm: ARM with these TrainConfig settings of the RL phase",
+    )
+    parser.add_argument("--reference", default=BC_ARM, help="the arm the paired column is against")
+    parser.add_argument(
         "--report-only", action="store_true", help="print the table from finished runs; train nothing"
     )
     args = parser.parse_args()
-    arms = args.arms.split(",") if args.arms else DEFAULT_ARMS.get(args.env, list(ARMS))
-    unknown = [arm for arm in arms if arm not in ARMS]
+    known = dict(ARMS)
+    for text in args.variants:
+        words = text.split()
+        if len(words) < 2 or words[1] not in ARMS:
+            parser.error(f"variant {text!r}: give NAME ARM KEY=VALUE ..., ARM from: {', '.join(ARMS)}")
+        name, arm, *settings = words
+        known[name] = {**ARMS[arm], **parse_settings(settings)}
+    names = args.arms.split(",") if args.arms else DEFAULT_ARMS.get(args.env, list(ARMS))
+    unknown = [arm for arm in [*names, args.reference] if arm not in known]
     if unknown:
-        parser.error(f"unknown arms {unknown}; arms: {', '.join(ARMS)}")
-    shared = {
-        "env": args.env,
-        **{k: yaml.safe_load(v) for k, _, v in (s.partition("=") for s in args.settings)},
-    }
-    # What `agentgym train --env ENV` starts from; fails here, before any run, on a bad --set.
-    base = TrainConfig.from_dict(env_layer(args.env)).with_overrides(shared)
+        parser.error(f"unknown arms {unknown}; arms: {', '.join(known)}")
+    arms = {name: known[name] for name in names}
+    shared = {"env": args.env, **parse_settings(args.settings)}
+    # What `agentgym train --env ENV` starts from; fails here, before any run, on a bad
+    # --set or --variant setting.
+    try:
+        base = TrainConfig.from_dict(env_layer(args.env)).with_overrides(shared)
+        for overrides in arms.values():
+            base.with_overrides(overrides)
+    except ValueError as exc:
+        parser.error(str(exc))
     shared.setdefault("eval_every", max(1, base.steps))  # validation after cloning and at the end
     if not args.report_only:
         for seed in args.seeds:
             # bc-continued is timed by an RL arm of the same seed: RL arms first.
             for arm in sorted(arms, key=lambda a: a == BC_ARM):
                 train(args.out / args.env, arm, seed, base, shared, arms)
-    report(args.out / args.env, arms, args.seeds)
+    report(args.out / args.env, list(arms), args.seeds, args.reference)
+
+
+def parse_settings(settings: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` strings as TrainConfig overrides, each value read as YAML."""
+    return {key: yaml.safe_load(value) for key, _, value in (s.partition("=") for s in settings)}
 
 
 def run_dir(root: Path, arm: str, seed: int) -> Path:
@@ -133,7 +164,12 @@ def finished(folder: Path) -> bool:
 
 
 def train(
-    root: Path, arm: str, seed: int, base: TrainConfig, shared: dict[str, Any], arms: list[str]
+    root: Path,
+    arm: str,
+    seed: int,
+    base: TrainConfig,
+    shared: dict[str, Any],
+    arms: dict[str, dict[str, Any]],
 ) -> None:
     folder = run_dir(root, arm, seed)
     if finished(folder):
@@ -177,12 +213,14 @@ def run_train(label: str, folder: Path, overrides: dict[str, Any] | None) -> Non
     subprocess.run(command, check=True)
 
 
-def arm_overrides(arm: str, seed: int, base: TrainConfig, root: Path, arms: list[str]) -> dict[str, Any]:
-    """The arm's TrainConfig overrides. Fixed horizon: the schedule's last round, so both
-    schedules end at the same horizon."""
+def arm_overrides(
+    arm: str, seed: int, base: TrainConfig, root: Path, arms: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    """The arm's TrainConfig overrides (``arms``: name -> overrides, in order). Fixed
+    horizon: the schedule's last round, so both schedules end at the same horizon."""
     if arm == BC_ARM:
-        return {"bc_steps": base.bc_steps + extra_bc_steps(root, arms, seed), "steps": 0}
-    overrides = dict(ARMS[arm])
+        return {"bc_steps": base.bc_steps + extra_bc_steps(root, list(arms), seed), "steps": 0}
+    overrides = dict(arms[arm])
     if overrides.get("schedule") == "fixed":
         overrides["max_turns"] = max(base.rounds)
     return overrides
@@ -208,9 +246,10 @@ PANELS = {"validation": "val_outcomes", "test": "eval_outcomes"}
 """The tables, in order: where choices are made, then the frozen test panel."""
 
 
-def report(root: Path, arms: list[str], seeds: list[int]) -> None:
+def report(root: Path, arms: list[str], seeds: list[int], reference: str = BC_ARM) -> None:
     """Print the tables; write them to ``root/table.txt``, with ``root/manifest.json`` beside."""
-    tables = [build_table(root, arms, seeds, panel) for panel in PANELS] + [dynamics_table(root, arms, seeds)]
+    tables = [build_table(root, arms, seeds, panel, reference) for panel in PANELS]
+    tables.append(dynamics_table(root, arms, seeds))
     text = Console(width=200, record=True, file=io.StringIO())
     for table in tables:
         console.print(table)
@@ -220,24 +259,28 @@ def report(root: Path, arms: list[str], seeds: list[int]) -> None:
         manifest.write_manifest(root, bench_manifest(root, arms, seeds))
 
 
-def build_table(root: Path, arms: list[str], seeds: list[int], panel: str = "test") -> Table:
-    """The table of every arm's finished runs under ``root`` on ``panel`` (:data:`PANELS`)."""
+def build_table(
+    root: Path, arms: list[str], seeds: list[int], panel: str = "test", reference_arm: str = BC_ARM
+) -> Table:
+    """The table of every arm's finished runs under ``root`` on ``panel`` (:data:`PANELS`),
+    each paired against ``reference_arm``."""
     key = PANELS[panel]
     table = Table(
         title=f"held-out success on {root.name}, {panel} tasks (greedy), % [95% interval]",
         caption=CAPTION,
     )
-    columns = ["arm", "seeds", "after BC", "held-out at end", "per seed", f"vs {BC_ARM} (paired)"]
+    columns = ["arm", "seeds", "after BC", "held-out at end", "per seed", f"vs {reference_arm} (paired)"]
     columns += ["per-episode", "train success", "entropy", "step time/run"]
     for column in columns:
         table.add_column(column)
-    reference = {s: _final_outcomes(run_dir(root, BC_ARM, s), key) for s in seeds}
+    reference = {s: _final_outcomes(run_dir(root, reference_arm, s), key) for s in seeds}
     for arm in arms:
         done = [s for s in seeds if finished(run_dir(root, arm, s))]
         if not done:
             table.add_row(arm, "0", "not run yet", *[""] * (len(columns) - 3))
             continue
-        table.add_row(arm, str(len(done)), *arm_figures(root, arm, done, reference, key))
+        paired = reference if arm != reference_arm else {}
+        table.add_row(arm, str(len(done)), *arm_figures(root, arm, done, paired, key))
     return table
 
 
@@ -252,7 +295,7 @@ def arm_figures(
     after_bc = heldout.summarise(before).points() if any(before) and arm != BC_ARM else ""
     per_seed = ", ".join(f"{100 * sum(o.values()) / len(o):.0f}" for o in outcomes.values())
     pairs = [(reference[s], outcomes[s]) for s in seeds if reference.get(s)]
-    versus = heldout.compare(pairs).gain if pairs and arm != BC_ARM else None
+    versus = heldout.compare(pairs).gain if pairs else None
     last_rl = [
         next((r for r in reversed(_records(run_dir(root, arm, s))) if r["phase"] == "rl"), {}) for s in seeds
     ]

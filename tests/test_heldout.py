@@ -333,3 +333,30 @@ def test_the_bench_validation_table_reads_validation_outcomes(tmp_path: Path) ->
     expected = heldout.compare([run_with_gain(2, 2 + k) for k in (1, 2, 3)])
     assert cells["held-out at end"][0] == expected.after_rl.points()
     assert cells[f"vs {bench.BC_ARM} (paired)"][0] == expected.gain.points()
+
+
+def test_a_variant_arm_is_paired_against_the_reference_arm(tmp_path: Path, monkeypatch) -> None:
+    """``--variant`` adds an arm (a known arm with other settings) and ``--reference`` pairs
+    every arm against it: how a default is re-derived against its runner-up."""
+    bench = load_bench()
+    root = tmp_path / "textworld"
+    for seed, k in enumerate((1, 2, 3)):
+        before, default = run_with_gain(2, 4)
+        _, variant = run_with_gain(2, 4 + k)
+        fake_run(bench.run_dir(root, "bapo+scaling-inter", seed), 2, 2, before, default, sha=None)
+        fake_run(bench.run_dir(root, "lr-5e-4", seed), 2, 2, before, variant, sha=None)
+    argv = ["learning.py", "--out", str(tmp_path), "--seeds", "0", "1", "2", "--report-only"]
+    argv += ["--arms", "bapo+scaling-inter,lr-5e-4", "--reference", "bapo+scaling-inter"]
+    monkeypatch.setattr("sys.argv", [*argv, "--variant", "lr-5e-4 bapo+scaling-inter rl_learning_rate=5e-4"])
+    bench.main()
+    table = bench.build_table(
+        root, ["bapo+scaling-inter", "lr-5e-4"], [0, 1, 2], "test", "bapo+scaling-inter"
+    )
+    paired = {column.header: column._cells for column in table.columns}["vs bapo+scaling-inter (paired)"]
+    expected = heldout.compare([(run_with_gain(2, 4)[1], run_with_gain(2, 4 + k)[1]) for k in (1, 2, 3)])
+    assert paired == ["", expected.gain.points()]  # the reference row pairs with nothing
+    assert "vs bapo+scaling-inter (paired)" in (root / bench.TABLE_FILE).read_text()
+    for bad in ("lr-5e-4", "lr-5e-4 no-such-arm x=1", "lr-5e-4 bapo+scaling-inter no_such_key=1"):
+        monkeypatch.setattr("sys.argv", [*argv, "--variant", bad])
+        with pytest.raises(SystemExit):  # refused before any run
+            bench.main()
