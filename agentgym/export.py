@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from agentgym.policies.runs import RUN_CONFIG, RunCheckpoint, find_checkpoint
-from agentgym.trainers.checkpoint import MetricsLog
+from agentgym.run_folder import MetricsLog
 
 HELD_OUT_PREFIX = ("val_", "eval_")
 """Metrics of the held-out evaluations: validation (``val_success_rate``, ...) and the
@@ -30,7 +30,7 @@ def export_run(run: str | Path, out: str | Path, *, step: int | None = None) -> 
     """Export ``run`` (a run folder, its newest complete checkpoint or ``step``'s; or one
     checkpoint folder) to the new folder ``out``. ValueError when ``run`` is not a training
     run or ``out`` exists and is not empty."""
-    from agentgym.policies.runs import load_checkpoint_model
+    from agentgym.policies.models import load_checkpoint
 
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -40,7 +40,7 @@ def export_run(run: str | Path, out: str | Path, *, step: int | None = None) -> 
         raise ValueError(
             f"{run} is not a training run folder (config.yaml and checkpoints/) nor one of its checkpoints"
         )
-    loaded = load_checkpoint_model(checkpoint, spec=str(run))
+    loaded = load_checkpoint(checkpoint, spec=str(run))
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:

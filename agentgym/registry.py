@@ -32,12 +32,14 @@ ENTRY_POINT_GROUP = "agentgym.envs"
 
 _BUILTIN: dict[str, str] = {
     "textworld": "agentgym.envs.textworld:TextWorldEnv",
-    "choice": "agentgym.envs.choice:ChoiceEnv",
-    "sciworld": "agentgym.envs.sciworld:SciWorldEnv",
     "webshop": "agentgym.envs.webshop:WebShopEnv",
     "search": "agentgym.envs.search:SearchEnv",
+    "sciworld": "agentgym.envs.sciworld:SciWorldEnv",
+    "choice": "agentgym.envs.choice:ChoiceEnv",
     "math": "agentgym.envs.math:MathEnv",
 }
+"""The shipped envs. The order is the port scheme's (``servers/launcher.py``: textworld on
+the base port + 1, ...): a new env goes last, and its port follows."""
 
 _registry: dict[str, EnvFactory | str] = dict(_BUILTIN)
 _plugins_read = False
@@ -74,6 +76,11 @@ def unregister(name: str) -> None:
 def names() -> list[str]:
     _read_plugins()
     return sorted(_registry)
+
+
+def builtin_names() -> list[str]:
+    """The envs this package ships (no plugin, nothing registered at run time), in order."""
+    return list(_BUILTIN)
 
 
 def resolve(name: str) -> EnvFactory:

@@ -58,8 +58,8 @@ from rich.console import Console
 from rich.table import Table
 
 from agentgym.policies.models import converted_folder
+from agentgym.run_folder import MetricsLog
 from agentgym.trainers import heldout, manifest
-from agentgym.trainers.checkpoint import MetricsLog
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.config_files import env_layer
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from agentgym.trainers.checkpoint import MetricsLog
+from agentgym.run_folder import MetricsLog
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.loop import Trainer
 

@@ -21,6 +21,7 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
+from agentgym import registry
 from agentgym.servers.app import ServerConfig, create_app
 from agentgym.servers.http_protocol import http_protocol
 
@@ -40,8 +41,9 @@ all of them together."""
 
 BASE_PORT_VARIABLE = "AGENTGYM_BASE_PORT"
 
-ENV_PORT_OFFSETS = {"textworld": 1, "webshop": 2, "search": 3, "sciworld": 4, "choice": 5, "math": 6}
-"""The built-in environments' fixed offsets (textworld: 8101, ..., math: 8106)."""
+ENV_PORT_OFFSETS = {name: offset for offset, name in enumerate(registry.builtin_names(), start=1)}
+"""The built-in environments' fixed offsets, in the registry's order (textworld: 8101, ...,
+math: 8106)."""
 
 PLUGIN_OFFSETS = range(10, 100)
 """Other environments (plugins, tests) get an offset in this range from a hash of their

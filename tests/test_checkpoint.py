@@ -16,7 +16,7 @@ import torch
 from typer.testing import CliRunner, Result
 
 from agentgym.cli import app
-from agentgym.trainers.checkpoint import RunDir, rng_state
+from agentgym.run_folder import RunDir, rng_state
 from agentgym.trainers.config import TrainConfig
 
 

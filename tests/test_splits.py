@@ -22,9 +22,9 @@ from typer.testing import CliRunner
 from agentgym import registry
 from agentgym.cli import app
 from agentgym.core import TextEnv
+from agentgym.run_folder import RunDir
 from agentgym.servers.app import ServerConfig
 from agentgym.servers.launcher import serve_in_thread
-from agentgym.trainers.checkpoint import RunDir
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.config_files import RECIPE_DIR, env_layer
 from agentgym.trajectory import read_trajectories

@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 from agentgym.cli import app
 from agentgym.policies.base import Generation, GenerationRequest, SamplingParams
 from agentgym.policies.openai import OpenAIPolicy
+from agentgym.policies.openai_server import create_openai_app
 from agentgym.servers.launcher import serve_in_thread
-from agentgym.servers.openai_compat import create_openai_app
 from agentgym.trajectory import read_jsonl
 
 runner = CliRunner()

@@ -8,8 +8,8 @@ import pytest
 import torch
 from conftest import tiny_llama
 
+from agentgym.run_folder import MetricsLog, RunDir
 from agentgym.trainers.batch import collate, token_logprobs
-from agentgym.trainers.checkpoint import MetricsLog, RunDir
 from agentgym.trainers.config import TrainConfig
 
 

@@ -22,8 +22,8 @@ from agentgym.trainers.batch import collate
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.distributed import DataParallel
 from agentgym.trainers.learner import Learner
+from agentgym.trainers.presets import PRESETS
 from agentgym.trainers.recipes import carrying_gradient
-from agentgym.trainers.registry import PRESETS
 
 TINY = {
     "bc_steps": 0,

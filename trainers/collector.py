@@ -19,8 +19,10 @@ from typing import Any
 import torch
 
 from agentgym.policies.base import SamplingParams
+from agentgym.policies.runs import RUN_CONFIG, run_of
 from agentgym.rollout import EpisodeSpec, RolloutConfig
 from agentgym.trainers.algorithms import dynamic_sampling_keep
+from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.distributed import DataParallel
 from agentgym.trainers.generators import Generator
 from agentgym.trainers.learner import Learner
@@ -248,3 +250,14 @@ def sampling(config: Any, greedy: bool = False) -> SamplingParams:
 
 async def _result_of(task: asyncio.Task) -> Any:
     return await task
+
+
+def evaluation_rollout(spec: str | Path | None) -> RolloutConfig | None:
+    """How the run behind ``spec`` played its held-out evaluations (agent format, reply
+    length, valid commands shown or constrained, turn limit, greedy), so that evaluating
+    its model again plays it the same way; None when ``spec`` is not a run."""
+    run = run_of(spec)
+    if run is None:
+        return None
+    config = TrainConfig.load(run / RUN_CONFIG)
+    return rollout_config(config, config.eval_horizon, sampling(config, greedy=True))

@@ -15,9 +15,10 @@ from typing import Any
 
 import yaml
 
+from agentgym.policies.adapters import LORA_DEFAULTS
 from agentgym.trainers.algorithms import BapoConfig
 from agentgym.trainers.config_checks import config_problems
-from agentgym.trainers.registry import PRESETS
+from agentgym.trainers.presets import PRESETS
 
 
 @dataclass(frozen=True)
@@ -67,9 +68,9 @@ def _number_kind(f: dataclasses.Field) -> type | None:
 class TrainConfig:
     # ----- what to train, where -------------------------------------------------------
     algo: str = "bapo"
-    """A name in the registry (``trainers/registry.py``: bapo, grpo, dapo, dr-grpo, rloo,
-    reinforce++, ppo, agentevol, critique-rl). It sets the fields below that default to
-    None ("the algorithm's") to its paper's values; values you give win."""
+    """A preset (``trainers/presets.py``; ``agentgym train --help`` lists them). It sets the
+    fields below that default to None ("the algorithm's") to its paper's values; values you
+    give win."""
     env: str = "textworld"
     """Registered environment name."""
     env_url: str | None = None
@@ -84,15 +85,15 @@ class TrainConfig:
     """Seeds task sampling, generation and initialisation."""
 
     # ----- parameters trained -----------------------------------------------------------
-    lora: bool = True
+    lora: bool = LORA_DEFAULTS.lora
     """Train LoRA adapters (peft) instead of all weights."""
-    lora_rank: int = 16
+    lora_rank: int = LORA_DEFAULTS.lora_rank
     """LoRA rank r."""
-    lora_alpha: int = 32
+    lora_alpha: int = LORA_DEFAULTS.lora_alpha
     """LoRA scaling α (the update is scaled by α/r)."""
-    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    lora_targets: list[str] = field(default_factory=lambda: list(LORA_DEFAULTS.lora_targets))
     """Module names that get adapters."""
-    lora_layers: int | None = 8
+    lora_layers: int | None = LORA_DEFAULTS.lora_layers
     """Adapt only the top this many transformer layers (None: all). Backward then stops
     there, about halving a CPU update of SmolLM2 (30 layers) at little cost in quality."""
     bf16: bool = True

@@ -3,9 +3,9 @@ resolved config as YAML, each field's doc above it) and the shipped recipes of
 ``agentgym train --recipe ALGO-ENV``.
 
 A recipe is two YAML layers from ``trainers/recipe_yaml/``: ``envs/ENV.yaml`` (what suits
-the environment: turn limits, reply length, format) then ``algos/ALGO.yaml`` (the
-algorithm and what it needs). An algorithm layer that sets ``env`` (critique-rl: math)
-pairs only with that env. Not to be confused with ``recipes.py``, the training regimes
+the environment: turn limits, reply length, format) then the algorithm's layer: ``algo: ALGO`` for every preset
+(``presets.py``), plus ``algos/ALGO.yaml`` where an algorithm needs more. An algorithm layer
+that sets ``env`` (critique-rl: math) pairs only with that env. Not to be confused with ``recipes.py``, the training regimes
 (behaviour cloning, the clipped family, AgentEvol) the trainer runs.
 """
 
@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from agentgym.trainers.presets import PRESETS
 
 RECIPE_DIR = Path(__file__).parent / "recipe_yaml"
 
@@ -69,7 +71,10 @@ def _commented_lines(config: Any, indent: str) -> Iterator[str]:
 
 
 def _layers(kind: str) -> dict[str, dict[str, Any]]:
-    return {path.stem: _read(path) for path in sorted((RECIPE_DIR / kind).glob("*.yaml"))}
+    files = {path.stem: _read(path) for path in sorted((RECIPE_DIR / kind).glob("*.yaml"))}
+    if kind == "algos":  # every preset is a recipe's algorithm, with its file where it has one
+        return {name: {"algo": name} | files.get(name, {}) for name in PRESETS}
+    return files
 
 
 def _read(path: Path) -> dict[str, Any]:

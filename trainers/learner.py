@@ -10,7 +10,6 @@ it computes with is moved to the model's device here, in :meth:`Learner.logprobs
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from agentgym.policies.adapters import adapt
 from agentgym.policies.hf import HFPolicy
 from agentgym.trainers.batch import TokenBatch, token_logprobs
 from agentgym.trainers.distributed import DataParallel
@@ -144,29 +144,6 @@ class Learner:
 
     def named_trainable(self) -> list[tuple[str, Tensor]]:
         return [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
-
-
-def adapt(model: torch.nn.Module, config: Any) -> torch.nn.Module:
-    """``model`` with its trainable parameters: LoRA adapters injected (in place), or all."""
-    if not config.lora:
-        return model.requires_grad_(True)
-    from peft import LoraConfig, get_peft_model
-
-    total = model.config.num_hidden_layers
-    layers = None if config.lora_layers is None else list(range(max(0, total - config.lora_layers), total))
-    lora = LoraConfig(
-        r=config.lora_rank,
-        lora_alpha=config.lora_alpha,
-        lora_dropout=0.0,
-        target_modules=config.lora_targets,
-        layers_to_transform=layers,
-        task_type="CAUSAL_LM",
-    )
-    with warnings.catch_warnings():
-        # peft probes transformers' deprecated ``is_gradient_checkpointing``; the FutureWarning
-        # it triggers on every run is about peft's code, nothing a user can act on.
-        warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated")
-        return get_peft_model(model, lora)
 
 
 @contextlib.contextmanager

@@ -31,9 +31,9 @@ from agentgym.client import EnvClient
 from agentgym.errors import UnknownTask
 from agentgym.openenv_client import is_openenv_url, openenv_task_ids
 from agentgym.policies.hf import HFPolicy
+from agentgym.run_folder import MetricsLog, RunDir
 from agentgym.trainers import heldout, manifest
 from agentgym.trainers.batch import TokenBatch
-from agentgym.trainers.checkpoint import MetricsLog, RunDir
 from agentgym.trainers.collector import Collector
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.critique_rl import CritiqueRL

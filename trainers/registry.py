@@ -1,18 +1,19 @@
-"""The algorithm registry: every ``--algo`` name is a :class:`Preset`, a row of this file.
+"""The algorithm registry: advantage estimators and clip rules, by name. Every ``--algo``
+name is a :class:`~agentgym.trainers.presets.Preset` (``presets.py``) that picks one of each.
 
 A preset names an advantage estimator (how episodes become advantages), a clip rule (the
 ratio bounds of the clipped policy loss), the recipe that trains with them, and the config
 defaults its paper uses. The trainer looks things up here and never branches on a name.
 
 Adding an algorithm: one function (an estimator below, a clip rule, or a recipe in
-``recipes.py``) plus one entry here. Estimator and clip rule are independent config fields
+``recipes.py``) plus one entry here, and its preset in ``presets.py``. Estimator and clip rule are independent config fields
 (``advantage``, ``clip_rule``), so BAPO's clipping composes with any estimator.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -130,73 +131,3 @@ def bapo_search(config: Any, prepass: Callable[[], Prepass]) -> Bounds:
 
 
 CLIP_RULES: dict[str, ClipRule] = {"fixed": fixed_bounds, "bapo": bapo_search}
-
-
-@dataclass(frozen=True)
-class Preset:
-    summary: str
-    """One line for ``agentgym train --help`` and the docs: what the name promises."""
-    recipe: str
-    """``rl`` (the clipped family), ``agentevol`` or ``critique-rl`` (see ``recipes.py``)."""
-    advantage: str = "grpo"
-    clip_rule: str = "fixed"
-    defaults: dict[str, Any] = field(default_factory=dict)
-    """Config fields its paper sets (dotted for nested configs); the user's values win."""
-
-
-PRESETS: dict[str, Preset] = {
-    "bapo": Preset(
-        "BAPO (arXiv 2510.18927): GRPO advantages, ratio bounds searched every update, dual-clip 3",
-        "rl",
-        clip_rule="bapo",
-        defaults={"dual_clip": 3.0},
-    ),
-    "grpo": Preset(
-        "GRPO (arXiv 2402.03300): group-normalised outcome advantages, PPO clip 0.2, "
-        "per-episode mean of token losses, KL 0.04 to the policy at the start of RL",
-        "rl",
-        defaults={"loss_aggregation": "seq-mean", "kl_coef": 0.04},
-    ),
-    "dapo": Preset(
-        "DAPO (arXiv 2503.14476): clip-higher 0.28, dynamic sampling that refills the batch, token mean",
-        "rl",
-        defaults={"clip.eps_high": 0.28, "dynamic_sampling": True, "loss_aggregation": "token-mean"},
-    ),
-    "dr-grpo": Preset(
-        "Dr. GRPO (arXiv 2503.20783): GRPO without std or length normalisation",
-        "rl",
-        advantage="grpo-unscaled",
-        defaults={"loss_aggregation": "seq-sum-norm"},
-    ),
-    "gigpo": Preset(
-        "GiGPO (arXiv 2505.10978): GRPO episode advantage + step advantage over repeated states (ω 1, γ 0.95)",
-        "rl",
-        advantage="gigpo",
-    ),
-    "rloo": Preset("RLOO: leave-one-out group baseline, PPO clip 0.2", "rl", advantage="rloo"),
-    "reinforce++": Preset(
-        "REINFORCE++-baseline (arXiv 2501.03262): group mean subtracted, then batch whitening; PPO clip",
-        "rl",
-        advantage="reinforce++-baseline",
-    ),
-    "ppo": Preset(
-        "PPO-clip on batch-whitened outcome rewards: no value network, no GAE",
-        "rl",
-        advantage="batch-whitened",
-    ),
-    "agentevol": Preset(
-        "AgentEvol (arXiv 2406.04151): behaviour cloning, then explore + reward-weighted learn", "agentevol"
-    ),
-    "critique-rl": Preset(
-        "Critique-RL (arXiv 2510.24320): two-stage RL of a critic, RLOO over its critiques, KL 0.01",
-        "critique-rl",
-        advantage="rloo",
-        defaults={"kl_coef": 0.01},
-    ),
-}
-"""``--algo`` names. AgentEvol and Critique-RL use their own recipes (``recipes.py``)."""
-
-
-def algo_help() -> str:
-    """The ``--algo`` help text: every name with what it is."""
-    return "; ".join(f"{name}: {preset.summary}" for name, preset in PRESETS.items())

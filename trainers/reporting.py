@@ -11,28 +11,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
+
+from agentgym.run_folder import MetricSink
 
 REPORTERS = ("tensorboard", "wandb")
 WANDB_ID_FILE = "wandb-id"
-
-
-class MetricSink(Protocol):
-    def log(self, step: int, values: dict[str, float]) -> None:
-        """Record ``values`` (numeric fields only) at ``step``."""
-        ...
-
-    def close(self) -> None: ...
-
-
-def numeric(record: dict[str, Any]) -> dict[str, float]:
-    """The numeric fields of a metrics record, ``step`` aside (booleans and strings stay in
-    the JSONL only)."""
-    return {
-        key: value
-        for key, value in record.items()
-        if isinstance(value, int | float) and not isinstance(value, bool) and key != "step"
-    }
 
 
 def reporter_problems(report_to: Sequence[str]) -> list[str]:

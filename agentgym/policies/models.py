@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym.cache import cache_dir, file_sha256
+from agentgym.policies import runs
 
 log = logging.getLogger(__name__)
 
@@ -115,17 +116,26 @@ class LoadedModel:
 def load_causal_lm(spec: str, *, dtype: Any = None, device: str = "cpu") -> LoadedModel:
     """Load ``spec`` (see the module docstring) with its tokenizer. A training run loads its
     base model, then the checkpoint's trained weights (LoRA merged in)."""
-    from agentgym.policies import runs
-
     checkpoint = _run_checkpoint(spec)
     if checkpoint is not None:
-        return runs.load_checkpoint_model(checkpoint, dtype=dtype, device=device, spec=spec)
+        return load_checkpoint(checkpoint, dtype=dtype, device=device, spec=spec)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model(spec)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device).eval()
     return LoadedModel(model, tokenizer, ModelSource(spec, path))
+
+
+def load_checkpoint(
+    checkpoint: runs.RunCheckpoint, *, dtype: Any = None, device: str = "cpu", spec: str | None = None
+) -> LoadedModel:
+    """The run's base model with ``checkpoint``'s trained weights merged in, with the base
+    model's tokenizer; ``spec`` names it in the model's source (default: the checkpoint)."""
+    base = load_causal_lm(checkpoint.base_model, dtype=dtype, device=device)
+    model = runs.merge_trained_weights(base.model, checkpoint)
+    source = ModelSource(spec or str(checkpoint.folder), base.source.path, str(checkpoint.folder))
+    return LoadedModel(model, base.tokenizer, source)
 
 
 def check_model(spec: str) -> None:
@@ -172,8 +182,6 @@ def known_aliases() -> str:
 
 def _run_checkpoint(spec: str) -> Any:
     """The run checkpoint ``spec`` names, or None for anything else (see ``runs``)."""
-    from agentgym.policies import runs
-
     try:
         return runs.find_checkpoint(spec)
     except ValueError as exc:

@@ -1,5 +1,5 @@
 """``OpenAIPolicy``: any OpenAI-compatible chat-completions endpoint (OpenAI, vLLM's
-server, llama.cpp, our own :mod:`agentgym.servers.openai_compat`) as a text policy.
+server, llama.cpp, our own :mod:`agentgym.policies.openai_server`) as a text policy.
 
 Returns text only (no token ids or log-probs): fine for evaluation, not for training.
 With ``tool_calls=True`` the model acts through OpenAI tool calls instead of writing the

@@ -9,19 +9,18 @@ base model; ``agentgym export`` saves it as a standalone Hugging Face folder.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import yaml
 
-from agentgym.rollout import RolloutConfig
-from agentgym.trainers.checkpoint import CHECKPOINTS, RunDir, checkpoint_problem, load_trainable
+from agentgym.policies.adapters import LoraSettings, adapt
+from agentgym.run_folder import CHECKPOINTS, RunDir, checkpoint_problem, load_trainable
 
 RUN_CONFIG = "config.yaml"
-LORA_FIELDS = ("lora", "lora_rank", "lora_alpha", "lora_targets", "lora_layers")
-"""The run settings that shape the trained parameters (``trainers/learner.py: adapt``)."""
+LORA_FIELDS = tuple(field.name for field in fields(LoraSettings))
+"""The run settings that shape the trained parameters (:func:`~agentgym.policies.adapters.adapt`)."""
 
 
 @dataclass(frozen=True)
@@ -59,20 +58,6 @@ def run_of(spec: str | Path | None) -> Path | None:
     return None
 
 
-def evaluation_rollout(spec: str | Path | None) -> RolloutConfig | None:
-    """How the run behind ``spec`` played its held-out evaluations (agent format, reply
-    length, valid commands shown or constrained, turn limit, greedy), so that evaluating
-    its model again plays it the same way; None when ``spec`` is not a run."""
-    run = run_of(spec)
-    if run is None:
-        return None
-    from agentgym.trainers.collector import rollout_config, sampling
-    from agentgym.trainers.config import TrainConfig
-
-    config = TrainConfig.load(run / RUN_CONFIG)
-    return rollout_config(config, config.eval_horizon, sampling(config, greedy=True))
-
-
 def find_checkpoint(spec: str | Path, step: int | None = None) -> RunCheckpoint | None:
     """The checkpoint ``spec`` names: a run folder's newest complete one (or ``step``'s), or
     a ``checkpoints/step-N`` folder of a run. None when ``spec`` is neither; ValueError for
@@ -99,17 +84,12 @@ def find_checkpoint(spec: str | Path, step: int | None = None) -> RunCheckpoint 
     return RunCheckpoint(run.path, folder, int(state["step"]), config)
 
 
-def load_checkpoint_model(
-    checkpoint: RunCheckpoint, *, dtype: Any = None, device: str = "cpu", spec: str | None = None
-) -> Any:
-    """The run's base model with the checkpoint's trained weights merged in, its tokenizer
-    and where they came from (a :class:`~agentgym.policies.models.LoadedModel`)."""
-    from agentgym.policies.models import LoadedModel, ModelSource, load_causal_lm
-    from agentgym.trainers.learner import adapt
-
-    base = load_causal_lm(checkpoint.base_model, dtype=dtype, device=device)
+def merge_trained_weights(model: Any, checkpoint: RunCheckpoint) -> Any:
+    """``model`` (the run's base model, loaded) with the checkpoint's trained weights: LoRA
+    adapters rebuilt from the run's settings and merged in, or every weight; in eval mode.
+    ValueError when the checkpoint does not fit the model."""
     settings = lora_settings(checkpoint.config)
-    model = adapt(base.model, settings)
+    model = adapt(model, settings)
     trained = load_trainable(checkpoint.folder)
     expected = {name for name, p in model.named_parameters() if p.requires_grad}
     if set(trained) != expected:
@@ -121,13 +101,9 @@ def load_checkpoint_model(
     model.load_state_dict(trained, strict=False)
     if settings.lora:
         model = model.merge_and_unload()
-    source = ModelSource(spec or str(checkpoint.folder), base.source.path, str(checkpoint.folder))
-    return LoadedModel(model.eval(), base.tokenizer, source)
+    return model.eval()
 
 
-def lora_settings(config: dict[str, Any]) -> SimpleNamespace:
-    """The run's LoRA settings; ``TrainConfig``'s defaults for keys an older run lacks."""
-    from agentgym.trainers.config import TrainConfig
-
-    defaults = TrainConfig()
-    return SimpleNamespace(**{name: config.get(name, getattr(defaults, name)) for name in LORA_FIELDS})
+def lora_settings(config: dict[str, Any]) -> LoraSettings:
+    """The run's LoRA settings; the defaults for keys an older run lacks."""
+    return LoraSettings(**{name: config[name] for name in LORA_FIELDS if name in config})

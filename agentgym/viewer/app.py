@@ -29,7 +29,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from agentgym.errors import AgentGymError, NotFound
-from agentgym.trainers.plot import BY_PHASE, PANELS, RATES
+from agentgym.run_folder import BY_PHASE, PANELS, RATES
 from agentgym.viewer.episode import episode_view
 from agentgym.viewer.index import EpisodeFilter, EpisodeIndex, page, read_metrics
 from agentgym.viewer.tokens import TokenDecoder, load_decoder

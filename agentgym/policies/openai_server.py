@@ -9,7 +9,7 @@ third-party agents, and what the ``openai`` policy is tested against::
          -d '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 20}'
 
 Routes: ``POST /v1/chat/completions`` (no streaming; ``tools`` and ``tool_choice`` as
-OpenAI's, answered with ``tool_calls``: :mod:`agentgym.servers.tool_calls`), ``GET /v1/models``,
+OpenAI's, answered with ``tool_calls``: :mod:`agentgym.policies.tool_calls`), ``GET /v1/models``,
 ``GET /health``. Concurrent requests share the policy's batches. Errors use OpenAI's
 shape, ``{"error": {"message", "type", "param", "code"}}``: 400 for a body that is not a
 JSON object or a request the model cannot take, 422 for schema errors, 401 for a
@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentgym.policies.base import Generation, GenerationRequest, Message, Policy, SamplingParams
-from agentgym.servers.tool_calls import forced_prefix, function_names, parse_reply, render_call, tool_prompt
+from agentgym.policies.tool_calls import forced_prefix, function_names, parse_reply, render_call, tool_prompt
 
 log = logging.getLogger(__name__)
 
@@ -317,7 +317,7 @@ def serve_model(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m agentgym.servers.openai_compat --model smollm2-135m --port 8200``
+    """``python -m agentgym.policies.openai_server --model smollm2-135m --port 8200``
     (``agentgym serve-model`` takes the same options)."""
     from agentgym.policies.models import DEFAULT_MODEL
 

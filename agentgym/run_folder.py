@@ -1,4 +1,6 @@
-"""A run folder: resolved config, metrics log and checkpoints, all crash-safe.
+"""The run-folder format: resolved config, metrics log, checkpoints and the curves' panels,
+all crash-safe. The trainer writes it; policies, ``export``, the viewer and ``eval --model``
+read it, so it sits below all of them and imports none.
 
 A checkpoint is written to a ``.step-*`` staging folder (each file fsynced, then
 ``manifest.json`` with every file's size and sha256, last), renamed to ``step-NNNNNN``
@@ -31,11 +33,10 @@ import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
-import torch
-
-from agentgym.trainers.reporting import MetricSink, numeric
+if TYPE_CHECKING:  # torch loads only where a checkpoint is read or written: the viewer never pays it
+    import torch
 
 CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"
@@ -82,6 +83,8 @@ def _atomic_write_text(path: Path, text: str) -> None:
 
 def _safe_load(path: Path) -> Any:
     """Tensors and plain data only: a pickle building other objects could run code."""
+    import torch
+
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
@@ -92,6 +95,8 @@ def _safe_load(path: Path) -> Any:
 
 
 def rng_state() -> dict[str, Any]:
+    import torch
+
     state = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -99,6 +104,8 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    import torch
+
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
@@ -290,6 +297,8 @@ class RunDir:
         (name: text, e.g. the replay buffer) for ``step``, then :meth:`prune` to ``keep``
         (0: keep all). Only one process may save into a run folder: this removes the
         staging folders of killed saves and any step folders after ``step``."""
+        import torch
+
         files = files or {}
         reserved = {*LEGACY_FILES, MANIFEST}
         if bad := [n for n in files if n in reserved or Path(n).name != n or n.startswith(".")]:
@@ -355,7 +364,7 @@ def load_trainable(folder: Path) -> dict[str, torch.Tensor]:
 
 class MetricsLog:
     """Append-only JSONL, one record per line, flushed and fsynced as written; every
-    numeric field also goes to each of ``sinks`` (TensorBoard, W&B: :mod:`.reporting`)."""
+    numeric field also goes to each of ``sinks`` (TensorBoard, W&B: :mod:`agentgym.trainers.reporting`)."""
 
     def __init__(self, path: Path, resume_step: int | None = None, sinks: Sequence[MetricSink] = ()) -> None:
         self.path = path
@@ -392,3 +401,66 @@ class MetricsLog:
 
     def read(self) -> list[dict[str, Any]]:
         return [record for _, record in self._lines()]
+
+
+# ----- metrics records and the curves drawn from them (PNG and viewer alike) ----------
+
+
+class MetricSink(Protocol):
+    def log(self, step: int, values: dict[str, float]) -> None:
+        """Record ``values`` (numeric fields only) at ``step``."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def numeric(record: dict[str, Any]) -> dict[str, float]:
+    """The numeric fields of a metrics record, ``step`` aside (booleans and strings stay in
+    the JSONL only)."""
+    return {
+        key: value
+        for key, value in record.items()
+        if isinstance(value, int | float) and not isinstance(value, bool) and key != "step"
+    }
+
+
+PANELS = (
+    ("train success", ("success_rate",)),
+    ("reward", ("reward_mean",)),
+    ("held-out success", ("eval_success_rate", "val_success_rate")),
+    ("max turns (schedule)", ("max_turns",)),
+    ("BAPO bounds", ("clip_low", "clip_high")),
+    ("positive share ρ", ("positive_share",)),
+    ("entropy", ("entropy",)),
+    ("invalid actions (share of turns)", ("invalid_share", "eval_invalid_share")),
+    ("loss", ("loss",)),
+    ("staleness (policy versions)", ("staleness_mean", "staleness_max")),
+    ("importance ratio π_θ/π_behaviour", ("ratio_p05", "ratio_p50", "ratio_p95")),
+)
+RATES = frozenset(
+    {
+        "success_rate",
+        "eval_success_rate",
+        "val_success_rate",
+        "positive_share",
+        "invalid_share",
+        "eval_invalid_share",
+    }
+)
+"""Shares in [0, 1]: a panel of only these is drawn on a 0..1 axis, so a flat 0.125 reads as
+low rather than filling the panel, and runs compare at a glance."""
+BY_PHASE = frozenset({"loss"})
+"""Keys drawn as one line per training phase (``bc``, ``rl``, ``critique-*``): a behaviour
+cloning loss (NLL) and an RL loss are different quantities on one axis."""
+
+
+def series(records: Sequence[dict[str, Any]], key: str) -> list[tuple[str, list[tuple[int, float]]]]:
+    """``[(label, [(step, value), ...])]`` for ``key``: one series, or one per phase (in
+    order of first appearance) for :data:`BY_PHASE` keys, labelled ``key · phase``."""
+    points = [(r, (r["step"], r[key])) for r in records if r.get(key) is not None and "step" in r]
+    if key not in BY_PHASE:
+        return [(key, [p for _, p in points])] if points else []
+    phases = dict.fromkeys(str(r.get("phase", "")) for r, _ in points)
+    return [
+        (f"{key} · {phase}", [p for r, p in points if str(r.get("phase", "")) == phase]) for phase in phases
+    ]

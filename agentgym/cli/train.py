@@ -1,4 +1,4 @@
-"""``agentgym train`` and ``agentgym plot`` (registered on the main CLI by :func:`register`)."""
+"""``agentgym train`` and ``agentgym plot``."""
 
 from __future__ import annotations
 
@@ -10,25 +10,20 @@ from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 
 import typer
 import yaml
-from rich.console import Console
+
+from agentgym.trainers.presets import algo_help
 
 if TYPE_CHECKING:
     from agentgym.trainers.config import TrainConfig
 
-console = Console()
-err_console = Console(stderr=True)
+from agentgym.cli.common import console, fail, parse_settings, require_env
+
+commands = typer.Typer()
 
 
+@commands.command()
 def train(
-    algo: Annotated[
-        str | None,
-        typer.Option(
-            help="bapo (adaptive clipping) | grpo | dapo (clip-higher 0.28, dynamic sampling) | dr-grpo | "
-            "gigpo (per-turn credit) | rloo | reinforce++ (REINFORCE++-baseline) | ppo (PPO-clip on whitened outcome rewards: no "
-            "value network, no GAE) | agentevol | critique-rl. Presets of trainers/registry.py; "
-            "docs/algorithms/. Default: bapo."
-        ),
-    ] = None,
+    algo: Annotated[str | None, typer.Option(help=algo_help())] = None,
     schedule: Annotated[
         str | None, typer.Option(help="fixed | scaling-inter (ScalingInter-RL horizon; the default).")
     ] = None,
@@ -70,7 +65,6 @@ def train(
 ) -> None:
     """Train a policy with multi-turn RL on rollouts from env servers."""
     from agentgym import registry
-    from agentgym.cli import fail, parse_settings, require_env
     from agentgym.policies.models import ModelNotAvailable, check_model
     from agentgym.trainers.config_files import commented_yaml
 
@@ -90,7 +84,7 @@ def train(
     run_dir = Path(resolved.output_dir)
     rank = int(os.environ.get("RANK", "0"))  # set by torchrun in each data-parallel process
     if resume and rank == 0:  # before any model loads; a refused resume changes nothing
-        from agentgym.trainers.checkpoint import RunDir
+        from agentgym.run_folder import RunDir
 
         try:
             RunDir(run_dir, create=False).resume_checkpoint()
@@ -132,7 +126,6 @@ def _launch_data_parallel(nproc: int, config: TrainConfig, run_dir: Path, resume
     """Run ``nproc`` trainers under torchrun. They all read the config saved in the run folder
     (``train --resume`` on a folder that has trained no step starts at step 1), so every rank
     trains with exactly the resolved config, whatever flags or files produced it."""
-    from agentgym.cli import fail
     from agentgym.trainers.distributed import launch_command
 
     if not resume:
@@ -190,17 +183,12 @@ def _resolve_config(
     return resolved.with_overrides({"output_dir": str(folder)})
 
 
+@commands.command()
 def plot(run_dir: Annotated[Path, typer.Argument(help="A run folder with metrics.jsonl.")]) -> None:
     """Draw a run's training curves to RUN_DIR/curves.png."""
-    from agentgym.cli import fail
     from agentgym.trainers.plot import plot_run
 
     try:
         console.print(f"wrote {plot_run(run_dir)}")
     except FileNotFoundError as exc:
         raise fail(str(exc), 2) from None
-
-
-def register(app: typer.Typer) -> None:
-    app.command()(train)
-    app.command()(plot)

@@ -1,0 +1,5 @@
+"""``python -m agentgym.cli``."""
+
+from agentgym.cli import main
+
+main()

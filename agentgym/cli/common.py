@@ -1,0 +1,162 @@
+"""What every ``agentgym`` command shares: consoles, failing with an exit code, ``--set``
+pairs, the options several commands take, serving on a bound socket."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+
+from agentgym import registry
+from agentgym.errors import AgentGymError
+
+if TYPE_CHECKING:
+    pass
+
+console = Console()
+err_console = Console(stderr=True)
+
+EXIT_USAGE = 2
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    err_console.print(f"[bold red]error:[/] {message}")
+    return typer.Exit(code)
+
+
+def parse_settings(pairs: list[str]) -> dict[str, Any]:
+    """``["n_test=10", "challenges=[tw-simple]"]`` -> ``{"n_test": 10, "challenges": ["tw-simple"]}``."""
+    settings: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise fail(f"--set expects KEY=VALUE, got {pair!r}", EXIT_USAGE)
+        settings[key.strip()] = yaml.safe_load(value)
+    return settings
+
+
+FdOpt = Annotated[
+    int | None, typer.Option(hidden=True, help="A listening socket inherited from the launcher (internal).")
+]
+
+
+def listening_socket(host: str, port: int, fd: int | None, what: str) -> socket.socket:
+    """The socket a server command serves on: the one its launcher bound and handed down
+    (``--fd``), else one bound now, before anything is announced; a taken port exits 1."""
+    from agentgym.servers.launcher import PortInUse, bind_listener
+
+    if fd is not None:
+        return socket.socket(fileno=fd)
+    try:
+        return bind_listener(host, port, what)
+    except PortInUse as exc:
+        raise fail(f"{exc}; stop what holds it, or pick another --port") from None
+
+
+def run_uvicorn(application: Any, sock: socket.socket, host: str, port: int, log_level: str) -> None:
+    """Serve ``application`` on the already bound ``sock`` (``host``/``port`` only label the log)."""
+    import uvicorn
+
+    from agentgym.servers.launcher import HTTP_PROTOCOL, KEEP_ALIVE_S
+
+    config = uvicorn.Config(
+        application,
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_keep_alive=KEEP_ALIVE_S,
+        http=HTTP_PROTOCOL,
+    )
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it handled; exit 0
+        uvicorn.Server(config).run(sockets=[sock])
+
+
+def require_env(name: str, url: str | None = None) -> None:
+    """Exit 2 unless ``name`` is a registered env. An OpenEnv server (``url`` a ws:// URL)
+    serves an env of its own: its name is checked against the server's instead."""
+    from agentgym.openenv_client import is_openenv_url
+
+    if url is not None and is_openenv_url(url):
+        return
+    try:
+        registry.resolve(name)
+    except AgentGymError as exc:
+        raise fail(exc.message, EXIT_USAGE) from None
+
+
+PolicyOpt = Annotated[str, typer.Option(help="Policy backend: hf, openai, vllm or expert.")]
+ModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Model: alias, folder, training run (runs/<run> or its checkpoints/step-N) or Hugging Face "
+        "id (hf/vllm; default smollm2-135m), or the openai model name."
+    ),
+]
+BaseUrlOpt = Annotated[
+    str | None, typer.Option(help="OpenAI-compatible API root, e.g. http://127.0.0.1:8200/v1.")
+]
+ApiKeyOpt = Annotated[str | None, typer.Option(envvar="OPENAI_API_KEY", help="API key for --policy openai.")]
+EnvUrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        help="Env server URL (default: start a local server for ENV, stop it after); "
+        "ws://HOST:PORT: an OpenEnv server (docs/openenv.md).",
+    ),
+]
+TokenOpt = Annotated[
+    str | None, typer.Option(envvar="AGENTGYM_TOKEN", help="Bearer token of the env server.")
+]
+TasksOpt = Annotated[
+    int | None, typer.Option("--n", min=1, help="Use the first N tasks of the split (default: all).")
+]
+MaxTurnsOpt = Annotated[
+    int | None, typer.Option(min=1, help="Agent turns per episode (default: the env's max_turns).")
+]
+ConcurrencyOpt = Annotated[int, typer.Option(min=1, help="Episodes in flight at once.")]
+ToolCallsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--tool-calls",
+        help="--policy openai acts through OpenAI tool calls (tools=, one function per action type "
+        "of the commands the env lists) instead of writing the reply format.",
+    ),
+]
+TemperatureOpt = Annotated[
+    float | None, typer.Option(min=0.0, help="Sampling temperature (default: 0 if k=1, else 1).")
+]
+MaxNewTokensOpt = Annotated[int | None, typer.Option(min=1, help="Generated tokens per reply at most.")]
+HistoryOpt = Annotated[
+    int | None, typer.Option(min=0, help="Text backends see only the last N turns (default: all).")
+]
+
+
+ShowActionsOpt = Annotated[
+    bool | None,
+    typer.Option(
+        help="Append the env's valid commands to every observation (as `agentgym train` shows them). "
+        "Default: off, or as the training run given as --model played."
+    ),
+]
+ConstrainActionsOpt = Annotated[
+    bool | None,
+    typer.Option(
+        help="hf policy: reply only with one of the env's valid commands (constrained decoding, "
+        "as `agentgym train` plays by default); implies --show-actions. Default: off, or as the "
+        "training run given as --model played."
+    ),
+]
+
+
+def check_model_loads(kind: str, model: str | None) -> None:
+    """Exit 2 within seconds when an hf/vllm ``model`` cannot load here, before any server starts."""
+    from agentgym.evaluation import UsageError, check_policy_model
+
+    try:
+        check_policy_model(kind, model)
+    except UsageError as exc:
+        raise fail(str(exc), EXIT_USAGE) from None

@@ -1,0 +1,548 @@
+"""``agentgym eval`` and ``collect``: a policy playing an env's tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, TypeVar
+
+import typer
+import yaml
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+from rich.text import Text
+
+from agentgym.cli.common import (
+    EXIT_USAGE,
+    ApiKeyOpt,
+    BaseUrlOpt,
+    ConcurrencyOpt,
+    ConstrainActionsOpt,
+    EnvUrlOpt,
+    HistoryOpt,
+    MaxNewTokensOpt,
+    MaxTurnsOpt,
+    ModelOpt,
+    PolicyOpt,
+    ShowActionsOpt,
+    TasksOpt,
+    TemperatureOpt,
+    TokenOpt,
+    ToolCallsOpt,
+    check_model_loads,
+    console,
+    fail,
+    require_env,
+)
+
+if TYPE_CHECKING:
+    from agentgym.policies.base import Policy, SamplingParams
+    from agentgym.rollout import RolloutConfig
+    from agentgym.trajectory import Trajectory
+
+
+T = TypeVar("T")
+commands = typer.Typer()
+
+
+PLAY_DEFAULTS: dict[str, Any] = {
+    "agent_format": "react",
+    "max_new_tokens": 128,
+    "max_turns": None,
+    "show_actions": False,
+    "constrain_actions": False,
+}
+"""How ``eval`` plays a model that is not a training run, where no option says otherwise."""
+
+
+def _require_policy(kind: str) -> None:
+    from agentgym.policies import POLICY_KINDS
+
+    if kind not in POLICY_KINDS:
+        raise fail(f"unknown policy {kind!r}; choose one of {', '.join(POLICY_KINDS)}", EXIT_USAGE)
+
+
+def _rollout_config(
+    agent_format: str,
+    max_turns: int | None,
+    concurrency: int,
+    temperature: float,
+    max_new_tokens: int,
+    history_turns: int | None,
+    show_actions: bool = False,
+    constrain_actions: bool = False,
+) -> RolloutConfig:
+    from agentgym.agents import FORMATS
+    from agentgym.policies.base import SamplingParams
+    from agentgym.rollout import RolloutConfig
+
+    if agent_format not in FORMATS:
+        raise fail(f"unknown agent format {agent_format!r}; formats are {', '.join(FORMATS)}", EXIT_USAGE)
+    return RolloutConfig(
+        max_turns=max_turns,
+        concurrency=concurrency,
+        sampling=SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens),
+        format=agent_format,
+        history_turns=history_turns,
+        show_actions=show_actions or constrain_actions,
+        constrain_actions=constrain_actions,
+    )
+
+
+def _as_the_run_played(model: str | None, policy: str) -> dict[str, Any]:
+    """``PLAY_DEFAULTS``, or, for a training run's model, how the run's held-out evaluation
+    played (its model was trained on that format and those observations)."""
+    from agentgym.trainers.collector import evaluation_rollout
+
+    try:
+        played = evaluation_rollout(model) if policy == "hf" else None  # vllm refuses a run folder
+    except (OSError, ValueError, yaml.YAMLError) as exc:  # e.g. a run of an older version
+        console.print(
+            f"[yellow]the run's config.yaml does not load ({exc}); playing with eval's defaults[/yellow]"
+        )
+        return PLAY_DEFAULTS
+    if played is None:
+        return PLAY_DEFAULTS
+    settings = {
+        "agent_format": played.format,
+        "max_new_tokens": played.sampling.max_new_tokens,
+        "max_turns": played.max_turns,
+        "show_actions": played.show_actions,
+        "constrain_actions": played.constrain_actions,
+    }
+    console.print(
+        "playing as the run's held-out evaluation did (options given override): "
+        + ", ".join(f"{name} {value}" for name, value in settings.items())
+    )
+    return settings
+
+
+class PolicyChoice(NamedTuple):
+    """The policy options of ``eval`` and ``collect`` (see ``evaluation.build_policy``)."""
+
+    kind: str
+    model: str | None
+    base_url: str | None
+    api_key: str | None
+    concurrency: int
+    tool_calls: bool = False
+
+
+def _run_policy_job(
+    env: str,
+    url: str | None,
+    log_dir: Path,
+    token: str | None,
+    job: Callable[[str, Policy, EpisodeCallbacks], Awaitable[T]],
+    choice: PolicyChoice,
+) -> T:
+    """Start the env server unless ``url`` is given, build the ``choice`` of policy,
+    run ``job(url, policy, (on_plan, on_episode))`` under an episode progress bar, close
+    both. Bad arguments exit with code 2, a server that fails to start with 1."""
+    from agentgym.evaluation import UsageError, build_policy, check_server, env_server
+
+    check_model_loads(choice.kind, choice.model)
+
+    async def run(server_url: str, policy: Policy) -> T:
+        progress, *callbacks = _episode_progress()
+        try:
+            with progress:
+                return await job(server_url, policy, tuple(callbacks))
+        finally:
+            await policy.close()
+
+    with contextlib.ExitStack() as stack:
+        with console.status(f"starting a local {env} server ..." if url is None else "connecting ..."):
+            try:
+                server_url = stack.enter_context(env_server(env, url, log_dir))
+            except (RuntimeError, TimeoutError) as exc:
+                raise fail(f"{exc} (see the logs in {log_dir}/)") from None
+        try:
+            asyncio.run(check_server(server_url, env, token))
+            with console.status(f"loading the {choice.kind} policy ..."):
+                args = _policy_args(choice, choice.model)
+                policy = build_policy(choice.kind, **args, tool_calls=choice.tool_calls)
+            return asyncio.run(run(server_url, policy))
+        except UsageError as exc:
+            raise fail(str(exc), EXIT_USAGE) from None
+
+
+EpisodeCallbacks = tuple[Callable[[int, int], None], Callable[["Trajectory"], None]]
+"""``(on_plan(total, done), on_episode(trajectory))``: what drives an episode progress bar."""
+
+
+class EtaColumn(ProgressColumn):
+    """Time left at the average pace since the start, counting only episodes run now (not
+    those a resumed eval found done). Rich's own estimate needs two episodes finished within
+    its 30 s window, so a slow model's eval showed ``-:--:--`` for its whole run."""
+
+    def render(self, task: Task) -> Text:
+        ran = task.completed - task.fields.get("resumed", 0)
+        if task.total is None or not ran or not task.elapsed:
+            return Text("eta -:--:--", style="progress.remaining")
+        left = task.elapsed / ran * (task.total - task.completed)
+        return Text(
+            f"eta {int(left) // 3600}:{int(left) % 3600 // 60:02d}:{int(left) % 60:02d}",
+            style="progress.remaining",
+        )
+
+
+def _episode_progress() -> tuple[Progress, Callable[[int, int], None], Callable[[Trajectory], None]]:
+    """A rich progress bar and the two callbacks that drive it."""
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        EtaColumn(),
+        console=console,
+    )
+    bar = progress.add_task("episodes", total=None)
+    tally = {"success": 0, "errored": 0}
+
+    def on_plan(total: int, done: int) -> None:
+        progress.update(bar, total=total, completed=done, resumed=done)
+
+    def on_episode(trajectory: Trajectory) -> None:
+        tally["success"] += trajectory.success
+        tally["errored"] += trajectory.errored
+        description = f"success {tally['success']}  errors {tally['errored']}"
+        progress.update(bar, advance=1, description=description)
+
+    return progress, on_plan, on_episode
+
+
+def _show(value: Any) -> str:
+    """A results value as a table cell."""
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def _results_table(results: dict[str, Any]) -> Table:
+    table = Table("metric", "value", title=f"{results['env']} / {results['split']} / {results['policy']}")
+    rows = ["episodes", "tasks", "k", "seed", "success_rate", "success_rate_excluding_errors", "mean_score"]
+    rows += [
+        "avg_at_k",
+        "mean_turns",
+        "invalid_reply_rate",
+        "errored",
+        "resumed",
+        "ran",
+        "episodes_per_min",
+        "generated_tokens_per_s",
+    ]
+    for key in rows:
+        table.add_row(key, _show(results[key]))
+    for j, value in results["pass_at_k"].items():
+        table.add_row(f"pass@{j}", _show(value))
+    if results["error_kinds"]:
+        table.add_row("error kinds", ", ".join(f"{kind} x{n}" for kind, n in results["error_kinds"].items()))
+    return table
+
+
+def _families_table(results: dict[str, Any]) -> Table:
+    """One row per challenge (task family: the task id up to its first ``/``)."""
+    columns = {  # short headers: the table must fit 80 columns
+        "episodes": "episodes",
+        "success_rate": "success",
+        "mean_score": "score",
+        "mean_turns": "turns",
+        "invalid_reply_rate": "invalid",
+        "errored": "errored",
+    }
+    table = Table(title="per challenge (invalid: share of replies that did not parse)")
+    table.add_column("challenge", no_wrap=True)  # squeeze the figures, never the names
+    for header in columns.values():
+        table.add_column(header)
+    for family, figures in results["by_family"].items():
+        table.add_row(family, *(_show(figures[key]) for key in columns))
+    return table
+
+
+@commands.command("eval")
+def evaluate_policy(
+    env: Annotated[str, typer.Option(help="Environment to evaluate on (see `agentgym envs`).")],
+    policy: PolicyOpt = "hf",
+    split: Annotated[str, typer.Option(help="Task split: train, validation (or dev) or test.")] = "test",
+    model: ModelOpt = None,
+    base_url: BaseUrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    tool_calls: ToolCallsOpt = False,
+    n: TasksOpt = None,
+    k: Annotated[int, typer.Option(min=1, help="Samples per task (Avg@k, Pass@k).")] = 1,
+    max_turns: MaxTurnsOpt = None,
+    concurrency: ConcurrencyOpt = 8,
+    temperature: TemperatureOpt = None,
+    max_new_tokens: MaxNewTokensOpt = None,
+    agent_format: Annotated[
+        str | None,
+        typer.Option(
+            "--format",
+            help="Reply format: react, json or plain. Default: react, or the training run's "
+            "(--model runs/<run>).",
+        ),
+    ] = None,
+    history_turns: HistoryOpt = None,
+    show_actions: ShowActionsOpt = None,
+    constrain_actions: ConstrainActionsOpt = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Results folder; re-running with the same one resumes (default: a new one)."),
+    ] = None,
+    url: EnvUrlOpt = None,
+    token: TokenOpt = None,
+    critic: Annotated[
+        str | None,
+        typer.Option(
+            help="Critic model (same backend as --policy). math: critique-then-refine and "
+            "critique-filtered voting; other envs: each episode is critiqued and replayed with the critique."
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seeds env resets and sampling: a re-run plays the same.")] = 0,
+    max_error_rate: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="Exit with code 3 when more than this share of episodes failed for infrastructure "
+            "reasons (model or env server unreachable or failing).",
+        ),
+    ] = 0.1,
+) -> None:
+    """Evaluate a policy on a task split: success rate, score, turns, invalid replies,
+    Avg@k, Pass@k, per challenge (with --critic: Acc, Acc@Refine, Acc@Dis, the deltas and
+    voting accuracy). A training run given as --model plays as its held-out evaluation did
+    (reply format and length, valid commands shown or constrained, turn limit), unless an
+    option says otherwise. Exit code 3: too many episodes failed for infrastructure reasons."""
+    from agentgym.evaluation import (
+        EXIT_INFRASTRUCTURE,
+        RESULTS_FILE,
+        TRAJECTORIES_FILE,
+        EvalConfig,
+        evaluate,
+        infrastructure_failure,
+    )
+
+    require_env(env, url)
+    _require_policy(policy)
+    if constrain_actions and policy != "hf":
+        raise fail("--constrain-actions needs --policy hf (the others decode unconstrained)", EXIT_USAGE)
+    temperature = temperature if temperature is not None else (0.0 if k == 1 else 1.0)
+    out = out or Path("runs/eval") / f"{env}-{split}-{policy}-{time.strftime('%Y%m%d-%H%M%S')}"
+    given = {
+        "agent_format": agent_format,
+        "max_new_tokens": max_new_tokens,
+        "max_turns": max_turns,
+        "show_actions": show_actions,
+        "constrain_actions": constrain_actions,
+    }
+    played = _as_the_run_played(model, policy)
+    play = {name: played[name] if value is None else value for name, value in given.items()}
+    rollout = _rollout_config(
+        play["agent_format"],
+        play["max_turns"],
+        concurrency,
+        temperature,
+        play["max_new_tokens"],
+        history_turns,
+        play["show_actions"],
+        play["constrain_actions"],
+    )
+    choice = PolicyChoice(policy, model, base_url, api_key, concurrency, tool_calls)
+    if critic is not None:
+        from agentgym.evaluation import CRITIC_ENVS
+
+        check_model_loads(policy, critic)
+        if env in CRITIC_ENVS:
+            _evaluate_with_critic(env, split, n, k, choice, critic, rollout.sampling, out, url)
+        else:
+            _evaluate_episodes_with_critic(env, split, n, choice, critic, rollout, out, url, token)
+        return
+    config = EvalConfig(env=env, out_dir=out, split=split, n=n, k=k, rollout=rollout, seed=seed)
+
+    async def job(server_url: str, built: Policy, callbacks: EpisodeCallbacks) -> dict[str, Any]:
+        on_plan, on_episode = callbacks
+        return await evaluate(server_url, built, config, token=token, on_plan=on_plan, on_episode=on_episode)
+
+    results = _run_policy_job(env, url, out / "servers", token, job, choice)
+    console.print(_results_table(results))
+    console.print(_families_table(results))
+    console.print(f"results: {out / RESULTS_FILE}\ntrajectories: {out / TRAJECTORIES_FILE}")
+    if reason := infrastructure_failure(results, max_error_rate):
+        raise fail(reason, EXIT_INFRASTRUCTURE)
+
+
+def _evaluate_with_critic(
+    env: str,
+    split: str,
+    n: int | None,
+    k: int,
+    choice: PolicyChoice,
+    critic: str,
+    sampling: SamplingParams,
+    out: Path,
+    url: str | None,
+) -> None:
+    """``eval --critic``: the actor (``choice``) and the critic (same backend, model
+    ``critic``) play critique rounds on ``split``'s problems; no env server is involved."""
+    from agentgym.evaluation import UsageError, build_policy, evaluate_critic, math_problems
+
+    if url is not None:
+        raise fail("--critic reads the problems from the math catalogue itself: drop --url", EXIT_USAGE)
+
+    async def run() -> dict[str, Any]:
+        actor = build_policy(choice.kind, **_policy_args(choice, choice.model))
+        judge = build_policy(choice.kind, **_policy_args(choice, critic))
+        try:
+            return await evaluate_critic(actor, judge, math_problems(split, n), out, k=k, sampling=sampling)
+        finally:
+            await actor.close()
+            await judge.close()
+
+    try:
+        with console.status("critique rounds ..."):
+            results = asyncio.run(run())
+    except UsageError as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
+    _print_critic_results(env, split, results, out)
+
+
+def _evaluate_episodes_with_critic(
+    env: str,
+    split: str,
+    n: int | None,
+    choice: PolicyChoice,
+    critic: str,
+    rollout: RolloutConfig,
+    out: Path,
+    url: str | None,
+    token: str | None,
+) -> None:
+    """``eval --critic`` on an agent env: the actor plays episodes, the critic (same backend,
+    model ``critic``) judges each one, the actor replays each task with the critique."""
+    from agentgym.evaluation import build_policy, evaluate_episode_critic
+
+    async def job(server_url: str, actor: Policy, callbacks: EpisodeCallbacks) -> dict[str, Any]:
+        judge = build_policy(choice.kind, **_policy_args(choice, critic))
+        on_plan, on_episode = callbacks
+        try:
+            return await evaluate_episode_critic(
+                server_url,
+                actor,
+                judge,
+                env,
+                split,
+                n,
+                out,
+                rollout=rollout,
+                token=token,
+                on_plan=on_plan,
+                on_episode=on_episode,
+            )
+        finally:
+            await judge.close()
+
+    results = _run_policy_job(env, url, out / "servers", token, job, choice)
+    _print_critic_results(env, split, results, out)
+
+
+def _print_critic_results(env: str, split: str, results: dict[str, Any], out: Path) -> None:
+    from agentgym.evaluation import CRITIQUES_FILE, RESULTS_FILE
+
+    table = Table(
+        "metric", "value", title=f"{env} / {split} / {results['policy']} + critic {results['critic']}"
+    )
+    for key, value in results.items():
+        if not isinstance(value, str):
+            table.add_row(key, _show(value))
+    console.print(table)
+    console.print(f"results: {out / RESULTS_FILE}\ncritiques: {out / CRITIQUES_FILE}")
+
+
+def _policy_args(choice: PolicyChoice, model: str | None) -> dict[str, Any]:
+    return {
+        "model": model,
+        "base_url": choice.base_url,
+        "api_key": choice.api_key,
+        "concurrency": choice.concurrency,
+    }
+
+
+@commands.command()
+def collect(
+    env: Annotated[str, typer.Option(help="Environment to play (see `agentgym envs`).")],
+    out: Annotated[Path, typer.Option(help="Dataset file to write (JSONL; replaced).")],
+    policy: PolicyOpt = "expert",
+    split: Annotated[str, typer.Option(help="Task split: train, validation (or dev) or test.")] = "train",
+    output_format: Annotated[
+        str, typer.Option("--format", help="trajectory (our records) or agentgym (AgentGym conversations).")
+    ] = "trajectory",
+    agent_format: Annotated[
+        str, typer.Option(help="Reply format of the agent turns: react, json or plain.")
+    ] = "react",
+    keep_failed: Annotated[
+        bool, typer.Option("--all", help="Keep failed episodes too (errored ones are never kept).")
+    ] = False,
+    model: ModelOpt = None,
+    base_url: BaseUrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    tool_calls: ToolCallsOpt = False,
+    n: TasksOpt = None,
+    max_turns: MaxTurnsOpt = None,
+    concurrency: ConcurrencyOpt = 8,
+    temperature: Annotated[float, typer.Option(min=0.0, help="Sampling temperature.")] = 0.0,
+    max_new_tokens: MaxNewTokensOpt = 128,
+    url: EnvUrlOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Play every task of a split (the expert by default) and write a trajectory dataset."""
+    from agentgym.evaluation import DATASET_FORMATS, collect
+
+    require_env(env)
+    _require_policy(policy)
+    if output_format not in DATASET_FORMATS:
+        raise fail(
+            f"unknown --format {output_format!r}; choose one of {', '.join(DATASET_FORMATS)}", EXIT_USAGE
+        )
+    rollout = _rollout_config(agent_format, max_turns, concurrency, temperature, max_new_tokens, None)
+
+    async def job(server_url: str, built: Policy, callbacks: EpisodeCallbacks) -> dict[str, int]:
+        on_plan, on_episode = callbacks
+        return await collect(
+            server_url,
+            built,
+            env,
+            out,
+            split=split,
+            n=n,
+            rollout=rollout,
+            output_format=output_format,
+            only_success=not keep_failed,
+            token=token,
+            on_plan=on_plan,
+            on_episode=on_episode,
+        )
+
+    counts = _run_policy_job(
+        env,
+        url,
+        out.parent / "servers",
+        token,
+        job,
+        PolicyChoice(policy, model, base_url, api_key, concurrency, tool_calls),
+    )
+    console.print(
+        f"wrote {counts['written']} of {counts['episodes']} episodes to {out} ({counts['errored']} errored)"
+    )

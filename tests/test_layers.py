@@ -1,0 +1,193 @@
+"""The floors of the house (docs/design.md), held by the imports themselves.
+
+Every ``agentgym`` module's imports are read from its source: top-level ones, those inside
+functions and those under ``TYPE_CHECKING`` alike (a deferred import is still a dependency).
+From low to high: the env contract (``core``, ``errors``, ``inputs``, ``cache``) < an env
+(``agentgym.envs.NAME``, which imports only the contract and itself) < servers, policies and
+the rest of ``agentgym`` < the trainer < the CLI. Nothing imports upward, no module outside
+an env's folder imports that env (the registry names them as strings), and no two modules
+import each other, however indirectly.
+
+``KNOWN_DEBTS`` are the breaks still in the house: the test fails on any new one, and on a
+listed one that is gone (delete it from the list then), so the list only shrinks.
+"""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CONTRACT = {"agentgym.core", "agentgym.errors", "agentgym.inputs", "agentgym.cache"}
+"""What an env may import besides itself."""
+TOP = ("agentgym.trainers", "agentgym.cli")
+"""Imported only from above: the trainer by the CLI, the CLI by nothing."""
+KNOWN_DEBTS = {
+    # Critique-RL reads math problems directly instead of through a problems protocol.
+    "agentgym.critique imports the env agentgym.envs.math",
+    "agentgym.evaluation imports the env agentgym.envs.math",
+    "agentgym.trainers.critique_rl imports the env agentgym.envs.math",
+    # The webshop browser site is served with the env server's thread launcher.
+    "agentgym.envs.webshop imports agentgym.servers.launcher, above the env contract",
+    # Type-only imports back to the trainer and its config (recipes take the whole Trainer).
+    "cycle: agentgym.trainers.config -> agentgym.trainers.config_checks",
+    "cycle: agentgym.trainers.critique_rl -> agentgym.trainers.loop -> agentgym.trainers.recipes",
+}
+
+
+def package_folders() -> dict[str, Path]:
+    """Namespace -> folder, as ``pyproject.toml`` installs them."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return {name: ROOT / folder for name, folder in config["tool"]["setuptools"]["package-dir"].items()}
+
+
+def modules(folders: dict[str, Path]) -> dict[str, Path]:
+    """Every module's dotted name -> its file (a package by its ``__init__``)."""
+    found: dict[str, Path] = {}
+    for namespace, folder in folders.items():
+        for path in folder.rglob("*.py"):
+            if "tests" in path.relative_to(folder).parts:
+                continue
+            parts = [p for p in path.relative_to(folder).with_suffix("").parts if p != "__init__"]
+            found[".".join([namespace, *parts])] = path
+    return found
+
+
+def imports(name: str, path: Path, source: str, known: dict[str, Path]) -> set[str]:
+    """The known modules ``name`` (``source``, the text of ``path``) imports, anywhere in it."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {_owner(alias.name, known) for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:  # `from pkg import module` imports that module
+                found.add(_owner(f"{base}.{alias.name}", known) or _owner(base, known))
+    return found - {None, name}
+
+
+def _owner(dotted: str, known: dict[str, Path]) -> str | None:
+    while dotted and dotted not in known:
+        dotted = dotted.rpartition(".")[0]
+    return dotted or None
+
+
+def graph(added: dict[str, str] | None = None) -> dict[str, set[str]]:
+    """Module -> the modules it imports; ``added``: source lines appended to (or making) the
+    file at each relative path, as if written there."""
+    added = {ROOT / path: text for path, text in (added or {}).items()}
+    known = modules(package_folders()) | {_name(path): path for path in added}
+    return {name: imports(name, path, _source(path, added), known) for name, path in known.items()}
+
+
+def _name(path: Path) -> str:
+    for namespace, folder in package_folders().items():
+        if folder in path.parents:
+            return ".".join([namespace, *path.relative_to(folder).with_suffix("").parts])
+    raise ValueError(path)
+
+
+def _source(path: Path, added: dict[Path, str]) -> str:
+    text = path.read_text() if path.exists() else ""
+    return text + "\n" + added.get(path, "")
+
+
+def floor_breaks(edges: dict[str, set[str]]) -> Iterator[str]:
+    for module, targets in edges.items():
+        for target in targets:
+            yield from _breaks(module, target)
+
+
+def _breaks(module: str, target: str) -> Iterator[str]:
+    env = _env_of(target)
+    if env and _env_of(module) != env:
+        yield f"{module} imports the env {env}"
+    if _env_of(module) and not _env_of(target) and target not in CONTRACT and target != "agentgym.envs":
+        yield f"{_env_of(module)} imports {target}, above the env contract"
+    for top in TOP:
+        if _within(target, top) and not any(_within(module, t) for t in TOP[TOP.index(top) :]):
+            yield f"{module} imports {target}, a floor above it"
+
+
+def _env_of(module: str) -> str | None:
+    parts = module.split(".")
+    return ".".join(parts[:3]) if parts[:2] == ["agentgym", "envs"] and len(parts) > 2 else None
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in edges.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while not group or group[-1] != node:
+                group.append(stack.pop())
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return groups
+
+
+def house_breaks(added: dict[str, str] | None = None) -> set[str]:
+    edges = graph(added)
+    return set(floor_breaks(edges)) | {"cycle: " + " -> ".join(group) for group in cycles(edges)}
+
+
+def test_the_floors_hold_and_no_module_imports_itself_back() -> None:
+    found = house_breaks()
+    assert found - KNOWN_DEBTS == set(), "new breaks in the house (docs/design.md, 'Rules of the house')"
+    assert KNOWN_DEBTS - found == set(), "fixed: delete these from KNOWN_DEBTS"
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "expected"),
+    [
+        ("envs/choice/leak.py", "def f():\n    from agentgym.servers import app\n", "above the env contract"),
+        (
+            "agentgym/leak.py",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import agentgym.trainers.loop\n",
+            "a floor above it",
+        ),
+        (
+            "servers/leak.py",
+            "from agentgym.envs.textworld import env\n",
+            "imports the env agentgym.envs.textworld",
+        ),
+        ("trainers/leak.py", "from agentgym.cli import app\n", "a floor above it"),
+        ("agentgym/wire.py", "from agentgym import leak\n", "cycle: agentgym.leak -> agentgym.wire"),
+    ],
+)
+def test_the_check_catches_a_forbidden_import(module: str, source: str, expected: str) -> None:
+    """The house with one forbidden import added (deferred or type-only alike)."""
+    added = {module: source}
+    if module == "agentgym/wire.py":  # and a new module that imports wire back
+        added["agentgym/leak.py"] = "from agentgym import wire\n"
+    new = house_breaks(added) - house_breaks()
+    assert any(expected in line for line in new), new

@@ -1,0 +1,80 @@
+"""The ``--algo`` names: every preset names an advantage estimator and a clip rule (functions
+registered in :mod:`agentgym.trainers.registry`), the recipe that trains with them, and the
+config defaults its paper uses. Plain data, so the CLI's help and the docs read it without
+loading torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Preset:
+    summary: str
+    """One line for ``agentgym train --help`` and the docs: what the name promises."""
+    recipe: str
+    """``rl`` (the clipped family), ``agentevol`` or ``critique-rl`` (see ``recipes.py``)."""
+    advantage: str = "grpo"
+    clip_rule: str = "fixed"
+    defaults: dict[str, Any] = field(default_factory=dict)
+    """Config fields its paper sets (dotted for nested configs); the user's values win."""
+
+
+PRESETS: dict[str, Preset] = {
+    "bapo": Preset(
+        "BAPO (arXiv 2510.18927): GRPO advantages, ratio bounds searched every update, dual-clip 3",
+        "rl",
+        clip_rule="bapo",
+        defaults={"dual_clip": 3.0},
+    ),
+    "grpo": Preset(
+        "GRPO (arXiv 2402.03300): group-normalised outcome advantages, PPO clip 0.2, "
+        "per-episode mean of token losses, KL 0.04 to the policy at the start of RL",
+        "rl",
+        defaults={"loss_aggregation": "seq-mean", "kl_coef": 0.04},
+    ),
+    "dapo": Preset(
+        "DAPO (arXiv 2503.14476): clip-higher 0.28, dynamic sampling that refills the batch, token mean",
+        "rl",
+        defaults={"clip.eps_high": 0.28, "dynamic_sampling": True, "loss_aggregation": "token-mean"},
+    ),
+    "dr-grpo": Preset(
+        "Dr. GRPO (arXiv 2503.20783): GRPO without std or length normalisation",
+        "rl",
+        advantage="grpo-unscaled",
+        defaults={"loss_aggregation": "seq-sum-norm"},
+    ),
+    "gigpo": Preset(
+        "GiGPO (arXiv 2505.10978): GRPO episode advantage + step advantage over repeated states (ω 1, γ 0.95)",
+        "rl",
+        advantage="gigpo",
+    ),
+    "rloo": Preset("RLOO: leave-one-out group baseline, PPO clip 0.2", "rl", advantage="rloo"),
+    "reinforce++": Preset(
+        "REINFORCE++-baseline (arXiv 2501.03262): group mean subtracted, then batch whitening; PPO clip",
+        "rl",
+        advantage="reinforce++-baseline",
+    ),
+    "ppo": Preset(
+        "PPO-clip on batch-whitened outcome rewards: no value network, no GAE",
+        "rl",
+        advantage="batch-whitened",
+    ),
+    "agentevol": Preset(
+        "AgentEvol (arXiv 2406.04151): behaviour cloning, then explore + reward-weighted learn", "agentevol"
+    ),
+    "critique-rl": Preset(
+        "Critique-RL (arXiv 2510.24320): two-stage RL of a critic, RLOO over its critiques, KL 0.01",
+        "critique-rl",
+        advantage="rloo",
+        defaults={"kl_coef": 0.01},
+    ),
+}
+"""``--algo`` names. AgentEvol and Critique-RL use their own recipes (``recipes.py``)."""
+
+
+def algo_help() -> str:
+    """The ``--algo`` help text: every name with what it is."""
+    return "; ".join(f"{name}: {preset.summary}" for name, preset in PRESETS.items()) + ". Default: bapo."
