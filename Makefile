@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-deps demo play test lint format bench fuzz docker-base docker-check clean
+.PHONY: setup system-deps demo play test lint format bench fuzz docker-base docker-check gpu-kit gpu-check clean
 
 setup: $(STAMP)
 
@@ -70,6 +70,15 @@ docker-base:
 # through the gateway, tear down; prints image sizes and cold-start times.
 docker-check: setup
 	nice -n 19 $(BIN)/python bench/docker_check.py
+
+# The GPU check (docs/gpu.md). gpu-kit, here: the tokenizer to carry to the CUDA machine.
+# gpu-check, there: the bare source tree with the machine's own torch, transformers and peft
+# (no venv, nothing of this project installed); GPU_ARGS=--quick for the short plan.
+gpu-kit: setup
+	$(BIN)/python bench/gpu.py --prepare runs/gpu-kit
+
+gpu-check:
+	$(PYTHON) bench/gpu.py --tokenizer runs/gpu-kit --out runs/gpu-check.json $(GPU_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

@@ -23,7 +23,7 @@ from agentgym.trainers.batch import collate
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.distributed import DataParallel
 from agentgym.trainers.learner import Learner
-from agentgym.trainers.recipes import update_policy
+from agentgym.trainers.update import update_policy
 
 
 def episodes() -> tuple[list[dict], list[float]]:

@@ -23,7 +23,7 @@ from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.distributed import DataParallel
 from agentgym.trainers.learner import Learner
 from agentgym.trainers.presets import PRESETS
-from agentgym.trainers.recipes import carrying_gradient
+from agentgym.trainers.update import carrying_gradient
 
 TINY = {
     "bc_steps": 0,

@@ -26,8 +26,8 @@ from agentgym.policies.chat import end_of_turn_id, reply_ids
 from agentgym.policies.hf import HFPolicy
 from agentgym.trainers.batch import collate
 from agentgym.trainers.collector import sampling
-from agentgym.trainers.recipes import update_policy
 from agentgym.trainers.registry import ADVANTAGE_ESTIMATORS
+from agentgym.trainers.update import update_policy
 
 if TYPE_CHECKING:
     from agentgym.trainers.loop import Trainer

