@@ -11,19 +11,18 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import httpx
-import uvicorn
 from fastapi import FastAPI
 
 from agentgym import registry
 from agentgym.servers.app import ServerConfig, create_app
 from agentgym.servers.http_protocol import http_protocol
+from agentgym.sites import serve_app
 
 HTTP_PROTOCOL = http_protocol()
 """uvicorn's ``http`` setting for every server here: httptools, with h11 for requests whose
@@ -126,22 +125,12 @@ def wait_healthy(url: str, timeout: float = 120.0, process: subprocess.Popen | N
 def serve_in_thread(
     app_or_config: FastAPI | ServerConfig, host: str = "127.0.0.1", port: int | None = None
 ) -> Iterator[str]:
-    """Run an env server (an app, or the app of a config) in a daemon thread; yield its URL."""
+    """Run an env server (an app, or the app of a config) in a daemon thread; yield its URL
+    once ``/health`` answers."""
     app = create_app(app_or_config) if isinstance(app_or_config, ServerConfig) else app_or_config
-    port = port or free_port(host)
-    config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", timeout_keep_alive=KEEP_ALIVE_S, http=HTTP_PROTOCOL
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name=f"agentgym-server-{port}", daemon=True)
-    thread.start()
-    url = f"http://{host}:{port}"
-    try:
+    with serve_app(app, host, port or 0, timeout_keep_alive=KEEP_ALIVE_S, http=HTTP_PROTOCOL) as url:
         wait_healthy(url)
         yield url
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
 
 
 @dataclass

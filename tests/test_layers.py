@@ -2,7 +2,7 @@
 
 Every ``agentgym`` module's imports are read from its source: top-level ones, those inside
 functions and those under ``TYPE_CHECKING`` alike (a deferred import is still a dependency).
-From low to high: the env contract (``core``, ``errors``, ``inputs``, ``cache``) < an env
+From low to high: the env contract (``core``, ``errors``, ``inputs``, ``cache``, ``sites``) < an env
 (``agentgym.envs.NAME``, which imports only the contract and itself) < servers, policies and
 the rest of ``agentgym`` < the trainer < the CLI. Nothing imports upward, no module outside
 an env's folder imports that env (the registry names them as strings), and no two modules
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CONTRACT = {"agentgym.core", "agentgym.errors", "agentgym.inputs", "agentgym.cache"}
+CONTRACT = {"agentgym.core", "agentgym.errors", "agentgym.inputs", "agentgym.cache", "agentgym.sites"}
 """What an env may import besides itself."""
 TOP = ("agentgym.trainers", "agentgym.cli")
 """Imported only from above: the trainer by the CLI, the CLI by nothing."""
@@ -31,11 +31,6 @@ KNOWN_DEBTS = {
     "agentgym.critique imports the env agentgym.envs.math",
     "agentgym.evaluation imports the env agentgym.envs.math",
     "agentgym.trainers.critique_rl imports the env agentgym.envs.math",
-    # The webshop browser site is served with the env server's thread launcher.
-    "agentgym.envs.webshop imports agentgym.servers.launcher, above the env contract",
-    # Type-only imports back to the trainer and its config (recipes take the whole Trainer).
-    "cycle: agentgym.trainers.config -> agentgym.trainers.config_checks",
-    "cycle: agentgym.trainers.critique_rl -> agentgym.trainers.loop -> agentgym.trainers.recipes",
 }
 
 

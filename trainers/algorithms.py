@@ -231,6 +231,14 @@ RATIO_NOISE = 1e-3
 
 
 @dataclass(frozen=True)
+class ClipConfig:
+    eps_low: float = 0.2
+    """PPO/DAPO: c_low = 1 - eps_low."""
+    eps_high: float | None = None
+    """c_high = 1 + eps_high. None: the algorithm's (PPO 0.2; DAPO's clip-higher 0.28)."""
+
+
+@dataclass(frozen=True)
 class BapoConfig:
     """BAPO's bound search (arXiv 2510.18927); defaults are the paper's (§5.1)."""
 

@@ -13,7 +13,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -26,11 +26,9 @@ from agentgym.policies.chat import end_of_turn_id, reply_ids
 from agentgym.policies.hf import HFPolicy
 from agentgym.trainers.batch import collate
 from agentgym.trainers.collector import sampling
+from agentgym.trainers.context import TrainingContext
 from agentgym.trainers.registry import ADVANTAGE_ESTIMATORS
 from agentgym.trainers.update import update_policy
-
-if TYPE_CHECKING:
-    from agentgym.trainers.loop import Trainer
 
 CORRECT_CRITIQUE = "Every step checks out and the final answer {answer} is right.\nVerdict: Correct"
 WRONG_CRITIQUE = (
@@ -135,7 +133,7 @@ class CritiqueRL:
     the critic, with a k3 KL to the policy at the start of the stage (Stage I: ``kl_coef``,
     0.01, to the warm-started critic; Stage II: ``stage2_kl_coef`` to the Stage-I critic)."""
 
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: TrainingContext) -> None:
         self.trainer = trainer
         config = trainer.config
         # The problems behind the server's task ids (same env settings, same problems).

@@ -6,8 +6,8 @@
 * :class:`AgentEvol`: explore, then reward-weighted learning from the base model;
 * Critique-RL lives in ``critique_rl.py``; the clipped update they share in ``update.py``.
 
-A recipe gets the :class:`~agentgym.trainers.loop.Trainer` (config, learner, collector,
-run folder) and returns the step's metrics record.
+A recipe gets the trainer as a :class:`~agentgym.trainers.context.TrainingContext`
+(config, learner, collector, run folder) and returns the step's metrics record.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -29,14 +29,12 @@ from agentgym.trainers.algorithms import (
 )
 from agentgym.trainers.batch import collate
 from agentgym.trainers.collector import rollout_config, sampling
+from agentgym.trainers.context import TrainingContext
 from agentgym.trainers.learner import Learner, PerTokenLoss
 from agentgym.trainers.update import update_policy
 from agentgym.trajectory import Trajectory, TrajectoryWriter, read_trajectories
 
 log = logging.getLogger(__name__)
-
-if TYPE_CHECKING:
-    from agentgym.trainers.loop import Trainer
 
 
 class TokenizedExpert:
@@ -79,7 +77,7 @@ def nll(learner: Learner) -> PerTokenLoss:
     return lambda micro: weighted_nll(learner.logprobs(micro, temperature=1.0)[0], micro.advantages)
 
 
-def behaviour_cloning(trainer: Trainer, step: int) -> dict[str, Any]:
+def behaviour_cloning(trainer: TrainingContext, step: int) -> dict[str, Any]:
     """One optimizer step of likelihood on a minibatch of demonstrations."""
     demos = trainer.recipe.demonstrations()
     chosen = random.Random(trainer.config.seed * 7919 + step).sample(
@@ -97,7 +95,7 @@ def behaviour_cloning(trainer: Trainer, step: int) -> dict[str, Any]:
 class ClippedRL:
     """Collect groups of episodes, turn their rewards into advantages, update the policy."""
 
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: TrainingContext) -> None:
         self.trainer = trainer
         self.expert: list[Trajectory] | None = None
 

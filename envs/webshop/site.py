@@ -34,6 +34,7 @@ from agentgym.envs.webshop.shop import BACK, BUY, DETAILS, NEXT, PREV, PageModel
 from agentgym.envs.webshop.world import World
 from agentgym.errors import UnknownTask
 from agentgym.inputs import decimal
+from agentgym.sites import serve_app
 
 LANDING_TASKS = 20
 """Tasks per split linked from the landing page."""
@@ -283,10 +284,7 @@ def local_site_url(world: World) -> str:
     on first use: browser-mode environments without a ``site_url`` shop there."""
     with _local_sites_lock:
         if id(world) not in _local_sites:
-            from agentgym.servers.launcher import serve_in_thread
-
             app = FastAPI(title="AgentGym WebShop site")
             app.include_router(site_router(world), prefix=WEB_PREFIX)
-            app.get("/health")(lambda: {"status": "ok"})  # what serve_in_thread waits for
-            _local_sites[id(world)] = _local_servers.enter_context(serve_in_thread(app))
+            _local_sites[id(world)] = _local_servers.enter_context(serve_app(app))
         return _local_sites[id(world)]
