@@ -33,14 +33,10 @@ from typing import Any
 
 import httpx
 
-from agentgym import registry
 from agentgym.client import RetryPolicy
-from agentgym.critique import critique_and_replay, critique_metrics, critique_round, voting_accuracy
-from agentgym.envs.math.problems import Problem
 from agentgym.errors import AgentGymError
 from agentgym.openenv_client import env_client
 from agentgym.policies import POLICY_KINDS, Policy, make_policy
-from agentgym.policies.base import SamplingParams
 from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
 from agentgym.trajectory import Trajectory, TrajectoryWriter, read_trajectories
 from agentgym.wire import Metadata
@@ -49,10 +45,6 @@ log = logging.getLogger(__name__)
 
 TRAJECTORIES_FILE = "trajectories.jsonl"
 RESULTS_FILE = "results.json"
-CRITIQUES_FILE = "critiques.jsonl"
-CRITIC_ENVS = ("math",)
-"""Envs whose ``eval --critic`` is a critique round on problems; every other env critiques
-whole episodes and replays them (:func:`evaluate_episode_critic`)."""
 
 
 class UsageError(ValueError):
@@ -382,100 +374,15 @@ async def evaluate(
         **source_revision(),
         **summarize([*finished.values(), *ran], config.k, ran, time.perf_counter() - start),
     }
-    _write_json(config.out_dir / RESULTS_FILE, results)
+    write_json(config.out_dir / RESULTS_FILE, results)
     return results
 
 
-def _write_critiques(out_dir: Path, records: list[dict[str, Any]]) -> None:
-    """``<out>/critiques.jsonl``, one record a line (replaced: critique evals do not resume)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / CRITIQUES_FILE, "w") as fh:
-        fh.writelines(json.dumps(record) + "\n" for record in records)
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
+def write_json(path: Path, data: dict[str, Any]) -> None:
     """Write atomically: a reader never sees half a results file."""
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
     os.replace(tmp, path)
-
-
-# ----- critique-then-refine -------------------------------------------------------------
-
-
-def math_problems(split: str, n: int | None) -> list[Problem]:
-    """The first ``n`` problems of ``split`` of the default ``math`` catalogue."""
-    catalog = registry.make("math")
-    try:
-        tasks = catalog.tasks(split)
-    except AgentGymError as exc:
-        raise UsageError(exc.message) from None
-    return [catalog.problem(t.task_id) for t in tasks[:n]]
-
-
-async def evaluate_critic(
-    actor: Policy, critic: Policy, problems: list[Problem], out_dir: Path, *, k: int, sampling: SamplingParams
-) -> dict[str, Any]:
-    """Test-time critique-then-refine: ``k`` answers per problem, one critique each, a
-    refinement where the critic says anything but Correct. Writes every record to
-    ``<out>/critiques.jsonl`` and returns the results (also ``<out>/results.json``): the
-    :func:`~agentgym.critique.critique_metrics` figures and, for ``k > 1``, plain and
-    critique-filtered majority-vote accuracy. Not resumable: a re-run replaces both files."""
-    start = time.perf_counter()
-    records = await critique_round(actor, critic, problems, sampling, n_answers=k, refine_when_correct=False)
-    _write_critiques(out_dir, [record.to_dict() for record in records])
-    results = {
-        "env": "math",
-        "policy": actor.name,
-        "critic": critic.name,
-        "problems": len(problems),
-        "k": k,
-        "temperature": sampling.temperature,
-        **critique_metrics(r.outcome for r in records),
-        **(voting_accuracy(records) if k > 1 else {}),
-        "wall_s": round(time.perf_counter() - start, 3),
-    }
-    _write_json(out_dir / RESULTS_FILE, results)
-    return results
-
-
-async def evaluate_episode_critic(
-    url: str,
-    actor: Policy,
-    critic: Policy,
-    env: str,
-    split: str,
-    n: int | None,
-    out_dir: Path,
-    *,
-    rollout: RolloutConfig,
-    token: str | None = None,
-    on_plan: Callable[[int, int], None] | None = None,
-    on_episode: Callable[[Trajectory], None] | None = None,
-) -> dict[str, Any]:
-    """Critique-then-replay on agent episodes: the actor plays the first ``n`` tasks of
-    ``split``, the critic judges each episode, the actor replays each task with the critique
-    (``on_plan(total, done)`` and ``on_episode`` see both the episodes and the replays).
-    Writes ``<out>/critiques.jsonl`` (episode, critique, verdict, replay) and returns the
-    :func:`~agentgym.critique.critique_metrics` figures (also ``<out>/results.json``)."""
-    start = time.perf_counter()
-    specs = [EpisodeSpec(task, split=split) for task in await list_tasks(url, split, n, token)]
-    if on_plan:
-        on_plan(2 * len(specs), 0)
-    judged = await critique_and_replay(
-        url, actor, critic, specs, rollout, rollout.sampling, token=token, on_episode=on_episode
-    )
-    _write_critiques(out_dir, [item.to_dict() for item in judged])
-    results = {
-        "env": env,
-        "policy": actor.name,
-        "critic": critic.name,
-        "episodes": len(judged),
-        **critique_metrics(item.outcome for item in judged),
-        "wall_s": round(time.perf_counter() - start, 3),
-    }
-    _write_json(out_dir / RESULTS_FILE, results)
-    return results
 
 
 # ----- expert datasets ------------------------------------------------------------------

@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.progress import Progress
 from typer.testing import CliRunner
 
-import agentgym.cli.play as cli_module
+import agentgym.cli.display as cli_module
 import agentgym.gym_adapter  # noqa: F401 - registers agentgym/<name>-v0
 from agentgym import registry
 from agentgym.cli import app
@@ -279,7 +279,7 @@ def test_eval_progress_shows_an_eta_after_one_slow_episode() -> None:
     episodes take minutes showed -:--:-- throughout."""
     eta = getattr(cli_module, "EtaColumn", None)
     assert eta is not None, "the eval progress bar has no ETA of its own"
-    assert any(isinstance(c, eta) for c in cli_module._episode_progress()[0].columns)
+    assert any(isinstance(c, eta) for c in cli_module.episode_progress()[0].columns)
     clock = [0.0]
     progress = Progress(eta(), get_time=lambda: clock[0], console=Console(file=io.StringIO()))
     bar = progress.add_task("episodes", total=10, completed=2, resumed=2)  # a resumed eval found 2 done

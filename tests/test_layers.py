@@ -29,7 +29,7 @@ TOP = ("agentgym.trainers", "agentgym.cli")
 KNOWN_DEBTS = {
     # Critique-RL reads math problems directly instead of through a problems protocol.
     "agentgym.critique imports the env agentgym.envs.math",
-    "agentgym.evaluation imports the env agentgym.envs.math",
+    "agentgym.critic_eval imports the env agentgym.envs.math",
     "agentgym.trainers.critique_rl imports the env agentgym.envs.math",
 }
 

@@ -11,17 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, TypeVar
 
 import typer
 import yaml
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    ProgressColumn,
-    Task,
-    TextColumn,
-    TimeElapsedColumn,
-)
 from rich.table import Table
-from rich.text import Text
 
 from agentgym.cli.common import (
     EXIT_USAGE,
@@ -45,6 +35,7 @@ from agentgym.cli.common import (
     fail,
     require_env,
 )
+from agentgym.cli.display import episode_progress, families_table, results_table, show_value
 
 if TYPE_CHECKING:
     from agentgym.policies.base import Policy, SamplingParams
@@ -155,7 +146,7 @@ def _run_policy_job(
     check_model_loads(choice.kind, choice.model)
 
     async def run(server_url: str, policy: Policy) -> T:
-        progress, *callbacks = _episode_progress()
+        progress, *callbacks = episode_progress()
         try:
             with progress:
                 return await job(server_url, policy, tuple(callbacks))
@@ -180,95 +171,6 @@ def _run_policy_job(
 
 EpisodeCallbacks = tuple[Callable[[int, int], None], Callable[["Trajectory"], None]]
 """``(on_plan(total, done), on_episode(trajectory))``: what drives an episode progress bar."""
-
-
-class EtaColumn(ProgressColumn):
-    """Time left at the average pace since the start, counting only episodes run now (not
-    those a resumed eval found done). Rich's own estimate needs two episodes finished within
-    its 30 s window, so a slow model's eval showed ``-:--:--`` for its whole run."""
-
-    def render(self, task: Task) -> Text:
-        ran = task.completed - task.fields.get("resumed", 0)
-        if task.total is None or not ran or not task.elapsed:
-            return Text("eta -:--:--", style="progress.remaining")
-        left = task.elapsed / ran * (task.total - task.completed)
-        return Text(
-            f"eta {int(left) // 3600}:{int(left) % 3600 // 60:02d}:{int(left) % 60:02d}",
-            style="progress.remaining",
-        )
-
-
-def _episode_progress() -> tuple[Progress, Callable[[int, int], None], Callable[[Trajectory], None]]:
-    """A rich progress bar and the two callbacks that drive it."""
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        EtaColumn(),
-        console=console,
-    )
-    bar = progress.add_task("episodes", total=None)
-    tally = {"success": 0, "errored": 0}
-
-    def on_plan(total: int, done: int) -> None:
-        progress.update(bar, total=total, completed=done, resumed=done)
-
-    def on_episode(trajectory: Trajectory) -> None:
-        tally["success"] += trajectory.success
-        tally["errored"] += trajectory.errored
-        description = f"success {tally['success']}  errors {tally['errored']}"
-        progress.update(bar, advance=1, description=description)
-
-    return progress, on_plan, on_episode
-
-
-def _show(value: Any) -> str:
-    """A results value as a table cell."""
-    if value is None:
-        return "-"
-    return f"{value:.3f}" if isinstance(value, float) else str(value)
-
-
-def _results_table(results: dict[str, Any]) -> Table:
-    table = Table("metric", "value", title=f"{results['env']} / {results['split']} / {results['policy']}")
-    rows = ["episodes", "tasks", "k", "seed", "success_rate", "success_rate_excluding_errors", "mean_score"]
-    rows += [
-        "avg_at_k",
-        "mean_turns",
-        "invalid_reply_rate",
-        "errored",
-        "resumed",
-        "ran",
-        "episodes_per_min",
-        "generated_tokens_per_s",
-    ]
-    for key in rows:
-        table.add_row(key, _show(results[key]))
-    for j, value in results["pass_at_k"].items():
-        table.add_row(f"pass@{j}", _show(value))
-    if results["error_kinds"]:
-        table.add_row("error kinds", ", ".join(f"{kind} x{n}" for kind, n in results["error_kinds"].items()))
-    return table
-
-
-def _families_table(results: dict[str, Any]) -> Table:
-    """One row per challenge (task family: the task id up to its first ``/``)."""
-    columns = {  # short headers: the table must fit 80 columns
-        "episodes": "episodes",
-        "success_rate": "success",
-        "mean_score": "score",
-        "mean_turns": "turns",
-        "invalid_reply_rate": "invalid",
-        "errored": "errored",
-    }
-    table = Table(title="per challenge (invalid: share of replies that did not parse)")
-    table.add_column("challenge", no_wrap=True)  # squeeze the figures, never the names
-    for header in columns.values():
-        table.add_column(header)
-    for family, figures in results["by_family"].items():
-        table.add_row(family, *(_show(figures[key]) for key in columns))
-    return table
 
 
 @commands.command("eval")
@@ -362,7 +264,7 @@ def evaluate_policy(
     )
     choice = PolicyChoice(policy, model, base_url, api_key, concurrency, tool_calls)
     if critic is not None:
-        from agentgym.evaluation import CRITIC_ENVS
+        from agentgym.critic_eval import CRITIC_ENVS
 
         check_model_loads(policy, critic)
         if env in CRITIC_ENVS:
@@ -377,8 +279,8 @@ def evaluate_policy(
         return await evaluate(server_url, built, config, token=token, on_plan=on_plan, on_episode=on_episode)
 
     results = _run_policy_job(env, url, out / "servers", token, job, choice)
-    console.print(_results_table(results))
-    console.print(_families_table(results))
+    console.print(results_table(results))
+    console.print(families_table(results))
     console.print(f"results: {out / RESULTS_FILE}\ntrajectories: {out / TRAJECTORIES_FILE}")
     if reason := infrastructure_failure(results, max_error_rate):
         raise fail(reason, EXIT_INFRASTRUCTURE)
@@ -397,7 +299,8 @@ def _evaluate_with_critic(
 ) -> None:
     """``eval --critic``: the actor (``choice``) and the critic (same backend, model
     ``critic``) play critique rounds on ``split``'s problems; no env server is involved."""
-    from agentgym.evaluation import UsageError, build_policy, evaluate_critic, math_problems
+    from agentgym.critic_eval import evaluate_critic, math_problems
+    from agentgym.evaluation import UsageError, build_policy
 
     if url is not None:
         raise fail("--critic reads the problems from the math catalogue itself: drop --url", EXIT_USAGE)
@@ -432,7 +335,8 @@ def _evaluate_episodes_with_critic(
 ) -> None:
     """``eval --critic`` on an agent env: the actor plays episodes, the critic (same backend,
     model ``critic``) judges each one, the actor replays each task with the critique."""
-    from agentgym.evaluation import build_policy, evaluate_episode_critic
+    from agentgym.critic_eval import evaluate_episode_critic
+    from agentgym.evaluation import build_policy
 
     async def job(server_url: str, actor: Policy, callbacks: EpisodeCallbacks) -> dict[str, Any]:
         judge = build_policy(choice.kind, **_policy_args(choice, critic))
@@ -459,14 +363,15 @@ def _evaluate_episodes_with_critic(
 
 
 def _print_critic_results(env: str, split: str, results: dict[str, Any], out: Path) -> None:
-    from agentgym.evaluation import CRITIQUES_FILE, RESULTS_FILE
+    from agentgym.critic_eval import CRITIQUES_FILE
+    from agentgym.evaluation import RESULTS_FILE
 
     table = Table(
         "metric", "value", title=f"{env} / {split} / {results['policy']} + critic {results['critic']}"
     )
     for key, value in results.items():
         if not isinstance(value, str):
-            table.add_row(key, _show(value))
+            table.add_row(key, show_value(value))
     console.print(table)
     console.print(f"results: {out / RESULTS_FILE}\ncritiques: {out / CRITIQUES_FILE}")
 

@@ -1,0 +1,112 @@
+"""What ``eval`` and ``collect`` show: a progress bar with an ETA, and the results as tables."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+from rich.text import Text
+
+from agentgym.cli.common import console
+
+if TYPE_CHECKING:
+    from agentgym.trajectory import Trajectory
+
+
+class EtaColumn(ProgressColumn):
+    """Time left at the average pace since the start, counting only episodes run now (not
+    those a resumed eval found done). Rich's own estimate needs two episodes finished within
+    its 30 s window, so a slow model's eval showed ``-:--:--`` for its whole run."""
+
+    def render(self, task: Task) -> Text:
+        ran = task.completed - task.fields.get("resumed", 0)
+        if task.total is None or not ran or not task.elapsed:
+            return Text("eta -:--:--", style="progress.remaining")
+        left = task.elapsed / ran * (task.total - task.completed)
+        return Text(
+            f"eta {int(left) // 3600}:{int(left) % 3600 // 60:02d}:{int(left) % 60:02d}",
+            style="progress.remaining",
+        )
+
+
+def episode_progress() -> tuple[Progress, Callable[[int, int], None], Callable[[Trajectory], None]]:
+    """A rich progress bar and the two callbacks that drive it."""
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        EtaColumn(),
+        console=console,
+    )
+    bar = progress.add_task("episodes", total=None)
+    tally = {"success": 0, "errored": 0}
+
+    def on_plan(total: int, done: int) -> None:
+        progress.update(bar, total=total, completed=done, resumed=done)
+
+    def on_episode(trajectory: Trajectory) -> None:
+        tally["success"] += trajectory.success
+        tally["errored"] += trajectory.errored
+        description = f"success {tally['success']}  errors {tally['errored']}"
+        progress.update(bar, advance=1, description=description)
+
+    return progress, on_plan, on_episode
+
+
+def show_value(value: Any) -> str:
+    """A results value as a table cell."""
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def results_table(results: dict[str, Any]) -> Table:
+    table = Table("metric", "value", title=f"{results['env']} / {results['split']} / {results['policy']}")
+    rows = ["episodes", "tasks", "k", "seed", "success_rate", "success_rate_excluding_errors", "mean_score"]
+    rows += [
+        "avg_at_k",
+        "mean_turns",
+        "invalid_reply_rate",
+        "errored",
+        "resumed",
+        "ran",
+        "episodes_per_min",
+        "generated_tokens_per_s",
+    ]
+    for key in rows:
+        table.add_row(key, show_value(results[key]))
+    for j, value in results["pass_at_k"].items():
+        table.add_row(f"pass@{j}", show_value(value))
+    if results["error_kinds"]:
+        table.add_row("error kinds", ", ".join(f"{kind} x{n}" for kind, n in results["error_kinds"].items()))
+    return table
+
+
+def families_table(results: dict[str, Any]) -> Table:
+    """One row per challenge (task family: the task id up to its first ``/``)."""
+    columns = {  # short headers: the table must fit 80 columns
+        "episodes": "episodes",
+        "success_rate": "success",
+        "mean_score": "score",
+        "mean_turns": "turns",
+        "invalid_reply_rate": "invalid",
+        "errored": "errored",
+    }
+    table = Table(title="per challenge (invalid: share of replies that did not parse)")
+    table.add_column("challenge", no_wrap=True)  # squeeze the figures, never the names
+    for header in columns.values():
+        table.add_column(header)
+    for family, figures in results["by_family"].items():
+        table.add_row(family, *(show_value(figures[key]) for key in columns))
+    return table
