@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 
 TRAJECTORIES_FILE = "trajectories.jsonl"
 RESULTS_FILE = "results.json"
+SETTINGS_FILE = "settings.json"
+"""What an evaluation folder's episodes were played with, written before the first episode."""
+RESUMABLE = frozenset({"n", "k", "concurrency"})
+"""Settings a resumed evaluation may change: they add tasks or samples, or pace the same plan."""
 
 
 class UsageError(ValueError):
@@ -174,6 +178,37 @@ def build_policy(
 
 
 # ----- planning and resuming ------------------------------------------------------------
+
+
+def claim_folder(out_dir: Path, settings: dict[str, Any]) -> None:
+    """Record ``settings`` in ``out_dir`` before any episode runs; ``UsageError`` when the
+    folder already holds episodes played otherwise (another model, by its weights' hash,
+    turn limit, seed, ...): resuming them would report them under the new settings. A folder from
+    before this record, with episodes, is judged by its ``results.json``."""
+    saved_path = out_dir / SETTINGS_FILE
+    saved = _read_json(saved_path) or (_read_json(out_dir / RESULTS_FILE) or {}).get("config")
+    if saved and (out_dir / TRAJECTORIES_FILE).exists():
+        changed = [
+            f"{key} {saved.get(key)!r} -> {value!r}"
+            for key, value in settings.items()
+            if key not in RESUMABLE and key in saved and saved[key] != value
+        ]
+        if changed:
+            raise UsageError(
+                f"{out_dir} holds an evaluation played with other settings ({'; '.join(changed)}): "
+                "resuming would report its episodes under the new ones. Pick another --out, or "
+                "delete that folder to start over"
+            )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json(saved_path, settings)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 async def list_tasks(url: str, split: str, n: int | None, token: str | None = None) -> list[str]:
@@ -339,6 +374,9 @@ async def evaluate(
     if not task_ids:
         raise UsageError(f"split {config.split!r} of {config.env!r} has no tasks")
     plan = plan_episodes(task_ids, config.k, config.split)
+    model = describe_model(policy)
+    settings = config.describe() | {"env": config.env, "model": model.get("sha256") or model["spec"]}
+    claim_folder(config.out_dir, settings)
     path = config.out_dir / TRAJECTORIES_FILE
     try:
         previous = load_previous(path, config.env)
@@ -347,8 +385,6 @@ async def evaluate(
     finished = {
         spec: t for spec in plan if (t := previous.get((spec.task_id, spec.sample))) and not t.errored
     }
-    if any(t.policy != policy.name for t in finished.values()):
-        log.warning("%s holds episodes of another policy; they are counted as they are", path)
     todo = [spec for spec in plan if spec not in finished]
     if on_plan is not None:
         on_plan(len(plan), len(finished))

@@ -123,6 +123,23 @@ def test_eval_can_play_as_training_does_constrained_to_valid_commands(
         assert trajectory.invalid_turns == 0 and "Valid commands: " in trajectory.messages[1]["content"]
 
 
+def test_resume_refuses_a_folder_played_with_other_settings(textworld_url: str, tmp_path: Path) -> None:
+    """Episodes played with 8 turns are never reported as a 3-turn evaluation; more tasks
+    (``--n``) extend the same plan."""
+    args = ["--policy", "expert", "--n", "2", "--url", textworld_url, "--out", str(tmp_path)]
+    _, first = run_eval(*args, "--max-turns", "8")
+    assert first["ran"] == 2
+    before = (tmp_path / "results.json").read_text()
+    refused = runner.invoke(app, ["eval", "--env", "textworld", *args, "--max-turns", "3"])
+    assert refused.exit_code == 2, refused.output
+    assert "other settings" in refused.output and "max_turns 8 -> 3" in refused.output
+    assert (tmp_path / "results.json").read_text() == before  # nothing relabelled
+    assert len(read_trajectories(tmp_path / "trajectories.jsonl")) == 2
+    more = [*args[:3], "3", *args[4:]]
+    _, extended = run_eval(*more, "--max-turns", "8")
+    assert (extended["resumed"], extended["ran"], extended["config"]["max_turns"]) == (2, 1, 8)
+
+
 def test_resume_runs_only_what_is_missing(textworld_url: str, tmp_path: Path) -> None:
     args = ("--policy", "expert", "--n", "4", "--url", textworld_url, "--out", str(tmp_path))
     _, first = run_eval(*args)
