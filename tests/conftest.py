@@ -113,6 +113,24 @@ def tiny_llama(vocab_size: int = 50, seed: int = 0) -> LlamaForCausalLM:
     return LlamaForCausalLM(config)
 
 
+TINY_RUN = {
+    "algo": "grpo",
+    "env": "choice",
+    "schedule": "fixed",
+    "max_turns": 1,
+    "bc_steps": 0,
+    "steps": 2,
+    "tasks_per_step": 2,
+    "group_size": 2,
+    "max_new_tokens": 4,
+    "agent_format": "plain",
+    "eval_every": 0,
+    "eval_tasks": 2,
+    "report_to": [],
+}
+"""Two RL steps on ``choice`` with the tiny model: a checkpoint after each."""
+
+
 def read_until(proc: subprocess.Popen, marker: str, timeout: float) -> str:
     """A child's output lines until one holds ``marker`` (or it exits, or ``timeout`` s pass)."""
     output, deadline = "", time.monotonic() + timeout

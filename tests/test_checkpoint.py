@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY_RUN
 from typer.testing import CliRunner, Result
 
 from agentgym.cli import app
@@ -227,24 +228,6 @@ def test_retention_never_deletes_what_resume_falls_back_to(tmp_path) -> None:
     run.prune(keep=1)
     assert _steps(run) == [3]  # the torn newest goes; step 3, the resume fallback, stays
     assert run.latest_checkpoint() == run.checkpoints / "step-000003"
-
-
-TINY_RUN = {
-    "algo": "grpo",
-    "env": "choice",
-    "schedule": "fixed",
-    "max_turns": 1,
-    "bc_steps": 0,
-    "steps": 2,
-    "tasks_per_step": 2,
-    "group_size": 2,
-    "max_new_tokens": 4,
-    "agent_format": "plain",
-    "eval_every": 0,
-    "eval_tasks": 2,
-    "report_to": [],
-}
-"""Two RL steps on ``choice`` with the tiny model: a checkpoint after each."""
 
 
 def _train(*args: str) -> Result:

@@ -23,14 +23,16 @@ from typing import Any
 
 import psutil
 import torch
+from rich import get_console
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from agentgym.client import EnvClient
 from agentgym.errors import UnknownTask
 from agentgym.openenv_client import is_openenv_url, openenv_task_ids
 from agentgym.policies.hf import HFPolicy
+from agentgym.progress import progress as progress_display
 from agentgym.run_folder import MetricsLog, RunDir
 from agentgym.trainers import heldout, manifest
 from agentgym.trainers.batch import TokenBatch
@@ -327,11 +329,7 @@ def _describe(record: dict[str, Any]) -> str:
     return f"rl  success {record['success_rate']:.2f} turns≤{record['max_turns']}"
 
 
-def _progress(visible: bool = True) -> Progress:
-    return Progress(
-        TextColumn("{task.description:<28}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        disable=not visible,
-    )
+def _progress(visible: bool = True) -> Any:
+    """The steps' bar; plain flushed lines when the output is not a terminal."""
+    columns = (TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    return progress_display(get_console(), *columns, disable=not visible)

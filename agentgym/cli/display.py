@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
-    Progress,
     ProgressColumn,
     Task,
     TextColumn,
@@ -18,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from agentgym.cli.common import console
+from agentgym.progress import progress as progress_display
 
 if TYPE_CHECKING:
     from agentgym.trajectory import Trajectory
@@ -39,15 +39,16 @@ class EtaColumn(ProgressColumn):
         )
 
 
-def episode_progress() -> tuple[Progress, Callable[[int, int], None], Callable[[Trajectory], None]]:
-    """A rich progress bar and the two callbacks that drive it."""
-    progress = Progress(
+def episode_progress() -> tuple[Any, Callable[[int, int], None], Callable[[Trajectory], None]]:
+    """A progress bar (plain lines when the output is not a terminal, :mod:`agentgym.progress`)
+    and the two callbacks that drive it."""
+    progress = progress_display(
+        console,
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         EtaColumn(),
-        console=console,
     )
     bar = progress.add_task("episodes", total=None)
     tally = {"success": 0, "errored": 0}
