@@ -8,7 +8,17 @@ environment runs in-process or behind HTTP.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from typing import ClassVar
+
+
+def did_you_mean(given: Iterable[str], choices: Iterable[str]) -> str:
+    """`` (did you mean A, B?)`` for the choices nearest to the names ``given``; empty when
+    none is near (a typo's hint in every "unknown X" message)."""
+    choices = list(choices)
+    near = sorted({m for name in given for m in difflib.get_close_matches(name, choices, n=3)})
+    return f" (did you mean {', '.join(near)}?)" if near else ""
 
 
 class AgentGymError(Exception):

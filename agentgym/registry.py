@@ -22,7 +22,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from agentgym.core import TextEnv
-from agentgym.errors import UnknownEnv
+from agentgym.errors import UnknownEnv, did_you_mean
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,8 @@ def resolve(name: str) -> EnvFactory:
     try:
         factory = _registry[name]
     except KeyError:
-        raise UnknownEnv(f"unknown environment {name!r}; registered: {', '.join(names())}") from None
+        hint = did_you_mean([name], names())
+        raise UnknownEnv(f"unknown environment {name!r}{hint}; registered: {', '.join(names())}") from None
     if isinstance(factory, str):
         factory = _import(name, factory)
         _registry[name] = factory

@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from importlib import metadata
 from pathlib import Path
 
 import gymnasium
@@ -286,3 +287,29 @@ def test_eval_progress_shows_an_eta_after_one_slow_episode() -> None:
     clock[0] = 120.0  # its first episode took two minutes
     progress.advance(bar)
     assert eta().render(progress.tasks[0]).plain == "eta 0:14:00"  # 7 left at 120 s each
+
+
+@pytest.mark.parametrize(
+    ("args", "hint"),
+    [
+        (["eval", "--env", "textwrld"], "unknown environment 'textwrld' (did you mean textworld?)"),
+        (["train", "--recipe", "bapo-textwrld", "--print-config"], "(did you mean bapo-textworld,"),
+        (["train", "--algo", "bapp", "--print-config"], "unknown algo 'bapp' (did you mean bapo?)"),
+        (
+            ["train", "--set", "stepz=3", "--print-config"],
+            "unknown config key stepz (did you mean bc_steps, steps?)",
+        ),
+    ],
+)
+def test_a_typo_gets_the_nearest_names_not_every_name(args: list[str], hint: str) -> None:
+    result = cli(args)
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and hint in said, said
+    assert "wandb_project" not in said  # not the ninety config keys
+
+
+def test_version() -> None:
+    result = cli(["--version"])
+    assert (
+        result.exit_code == 0 and result.output.strip() == f"agentgym {metadata.version('agentgym-platform')}"
+    )

@@ -21,10 +21,14 @@ def test_config_overrides_validation_and_round_trip(tmp_path) -> None:
     with pytest.raises(ValueError, match="unknown config key"):
         config.with_overrides({"bapo.nope": 1})
     with pytest.raises(
-        ValueError, match=r"unknown config key stepz \(did you mean bc_steps, steps\?\)\. Valid keys: algo, "
+        ValueError, match=r"unknown config key stepz \(did you mean bc_steps, steps\?\)\. `agentgym"
     ):
-        TrainConfig.from_dict({"stepz": 1})
-    with pytest.raises(ValueError, match="algo must be one of"):
+        TrainConfig.from_dict({"stepz": 1})  # the near keys, not all ninety
+    with pytest.raises(
+        ValueError, match=r"unknown algo 'bapp' \(did you mean bapo\?\); choose one of bapo, grpo"
+    ):
+        TrainConfig(algo="bapp")
+    with pytest.raises(ValueError, match=r"unknown algo 'magic'; choose one of"):
         TrainConfig(algo="magic")
     assert TrainConfig().with_overrides({"learning_rate": "1e-3"}).learning_rate == 1e-3  # YAML 1.1 string
     with pytest.raises(ValueError, match="learning_rate must be a number"):

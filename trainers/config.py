@@ -8,13 +8,13 @@ folder and reloaded by ``--resume``.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from agentgym.errors import did_you_mean
 from agentgym.policies.adapters import LORA_DEFAULTS
 from agentgym.trainers.algorithms import AGGREGATIONS, BapoConfig, ClipConfig
 from agentgym.trainers.presets import PRESETS
@@ -39,12 +39,10 @@ FREE_FORM_FIELDS = ("env_settings",)
 def unknown_keys_message(unknown: list[str]) -> str:
     """The error for ``--set`` / config-file keys that are no field: the nearest valid keys,
     then all of them."""
-    valid = TrainConfig.keys()
-    near = sorted({m for key in unknown for m in difflib.get_close_matches(key, valid, n=3)})
-    hint = f" (did you mean {', '.join(near)}?)" if near else ""
+    hint = did_you_mean(unknown, TrainConfig.keys())
     return (
-        f"unknown config key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}{hint}. Valid keys: "
-        f"{', '.join(valid)}. `agentgym train --print-config` shows each with its value and doc"
+        f"unknown config key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}{hint}. "
+        "`agentgym train --print-config` lists every key with its value and doc"
     )
 
 
@@ -285,7 +283,8 @@ class TrainConfig:
         if isinstance(self.bapo, dict):
             self.bapo = BapoConfig(**self.bapo)
         if self.algo not in PRESETS:
-            raise ValueError(f"algo must be one of {', '.join(PRESETS)}")
+            hint = did_you_mean([self.algo], PRESETS)
+            raise ValueError(f"unknown algo {self.algo!r}{hint}; choose one of {', '.join(PRESETS)}")
         self._from_preset = self._apply_preset()
         self.validate()
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from agentgym.errors import did_you_mean
 from agentgym.trainers.presets import PRESETS
 
 RECIPE_DIR = Path(__file__).parent / "recipe_yaml"
@@ -109,4 +110,5 @@ def recipe(name: str) -> dict[str, Any]:
         algo = name.removesuffix(f"-{env}")
         if algo != name and algo in algos and algos[algo].get("env", env) == env:
             return envs[env] | algos[algo]
-    raise ValueError(f"no recipe {name!r}; shipped recipes: {', '.join(recipe_names())}")
+    hint = did_you_mean([name], recipe_names())
+    raise ValueError(f"no recipe {name!r}{hint}; shipped recipes: {', '.join(recipe_names())}")

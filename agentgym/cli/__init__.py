@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from importlib import metadata
+from typing import Annotated
 
 import typer
 
@@ -15,6 +17,23 @@ app = typer.Typer(
 )
 for area in (fleet, play, view, models, train):
     app.registered_commands += area.commands.registered_commands
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        typer.echo(f"agentgym {metadata.version('agentgym-platform')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """AgentGym: LLM agents in interactive text environments."""
+
 
 EXAMPLES: dict[str, list[str]] = {
     "serve": [

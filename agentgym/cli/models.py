@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from agentgym.cli.common import EXIT_USAGE, ModelOpt, check_model_loads, console, fail
+from agentgym.cli.common import EXIT_USAGE, check_model_loads, console, fail
 
 if TYPE_CHECKING:
     pass
@@ -63,7 +63,13 @@ def export_trajectories(
 
 @commands.command("serve-model")
 def serve_model(
-    model: ModelOpt = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="The local model to serve: alias, folder, training run (runs/<run> or its "
+            "checkpoints/step-N) or Hugging Face id (default smollm2-135m)."
+        ),
+    ] = None,
     host: Annotated[str, typer.Option(help="Interface to bind; 0.0.0.0 exposes it to the network.")] = (
         "127.0.0.1"
     ),
