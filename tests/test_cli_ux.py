@@ -36,7 +36,9 @@ import agentgym.cli.display as cli_module
 import agentgym.gym_adapter  # noqa: F401 - registers agentgym/<name>-v0
 from agentgym import registry
 from agentgym.cli import app
-from agentgym.servers.launcher import free_port
+from agentgym.envs.choice import ChoiceEnv
+from agentgym.servers.app import ServerConfig
+from agentgym.servers.launcher import free_port, serve_in_thread
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.config_files import RECIPE_DIR
 from agentgym.trainers.presets import PRESETS
@@ -313,3 +315,27 @@ def test_version() -> None:
     assert (
         result.exit_code == 0 and result.output.strip() == f"agentgym {metadata.version('agentgym-platform')}"
     )
+
+
+class SplitlessChoice(ChoiceEnv):
+    """``choice`` with a test split only (as the docs' ``echo`` plugin has)."""
+
+    def __init__(self, **settings: object) -> None:
+        super().__init__(**settings)
+        self._tasks = {"test": self._tasks["test"]}
+
+
+def test_training_on_an_env_without_a_train_split_exits_2_naming_its_splits(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    registry.register("test-split-only", SplitlessChoice)
+    try:
+        with serve_in_thread(ServerConfig(env="test-split-only")) as url:
+            args = ["--model", str(tiny_model_dir), "--out", str(tmp_path / "run")]
+            result = cli(["train", *args, "--set", "env=test-split-only", "--set", f"env_url={url}"])
+    finally:
+        registry.unregister("test-split-only")
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2, said
+    assert "env 'test-split-only' has no train tasks (its splits: {'test': 32})" in said
+    assert "Traceback" not in said

@@ -56,6 +56,10 @@ REPLAY_FILE = "replay.jsonl"
 """The replay buffer's samples, saved inside each checkpoint folder."""
 
 
+class SetupError(ValueError):
+    """The run cannot start on this env (``agentgym train`` exits 2 with the message)."""
+
+
 class Trainer:
     def __init__(self, config: TrainConfig, run_dir: str | Path, *, resume: bool = False) -> None:
         self.config = config
@@ -264,18 +268,11 @@ class Trainer:
         config = self.config
         if config.generator != "hf" and self.dp.world > 1:
             raise ValueError(f"generator: {config.generator} runs with one trainer process; use --nproc 1")
+        self._list_tasks()  # before the model loads: an env that cannot train fails in seconds
         policy = HFPolicy(config.model, dtype=self._dtype(), device=self.dp.device())
         self.tokenizer = policy.tokenizer
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.learner = Learner(config, policy, self.dp)
-        if is_openenv_url(self.url):  # an OpenEnv env: its tasks are seeds
-            self.train_tasks, self.test_tasks = openenv_task_ids("train"), openenv_task_ids("test")
-            self.validation_tasks = openenv_task_ids("validation")
-        else:
-            with EnvClient(self.url) as client:
-                self.train_tasks = [t.task_id for t in client.tasks(split="train", limit=10_000).tasks]
-                self.test_tasks = [t.task_id for t in client.tasks(split="test", limit=10_000).tasks]
-                self.validation_tasks = _validation_ids(client)
         if config.eval_every > 0 and not self.validation_tasks:
             log.warning("eval_every: the env has no validation split; no periodic evaluation")
         generator = self.complete(start_generator(config, self.learner, self.url))
@@ -283,6 +280,26 @@ class Trainer:
             config, self.learner, generator, self.runner, self.dp, self.train_tasks, self.run_dir.path
         )
         self.recipe = self.recipe_class(self)
+
+    def _list_tasks(self) -> None:
+        """The env's train, validation and test task ids; :class:`SetupError` when it has no
+        train or no test tasks (RL draws from the one, the before/after report plays the other)."""
+        if is_openenv_url(self.url):  # an OpenEnv env: its tasks are seeds
+            self.train_tasks, self.test_tasks = openenv_task_ids("train"), openenv_task_ids("test")
+            self.validation_tasks = openenv_task_ids("validation")
+            return
+        with EnvClient(self.url) as client:
+            splits = client.metadata().splits
+            for split in ("train", "test"):
+                if not splits.get(split):
+                    raise SetupError(
+                        f"env {self.config.env!r} has no {split} tasks (its splits: {splits or 'none'}): "
+                        "training draws its episodes from train and reports on test; give the env "
+                        "both splits (docs/environments.md)"
+                    )
+            self.train_tasks = [t.task_id for t in client.tasks(split="train", limit=10_000).tasks]
+            self.test_tasks = [t.task_id for t in client.tasks(split="test", limit=10_000).tasks]
+            self.validation_tasks = _validation_ids(client)
 
     def _restore(self) -> int:
         """First step to run: 1, or the step after the newest complete checkpoint (ValueError

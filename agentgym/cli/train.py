@@ -108,11 +108,14 @@ def train(
     if nproc > 1 and "WORLD_SIZE" not in os.environ:
         _launch_data_parallel(nproc, resolved, run_dir, resume)
         return
-    from agentgym.trainers.loop import Trainer
+    from agentgym.trainers.loop import SetupError, Trainer
     from agentgym.trainers.plot import plot_run
 
     started = time.perf_counter()
-    Trainer(resolved, run_dir, resume=resume).run()
+    try:
+        Trainer(resolved, run_dir, resume=resume).run()
+    except SetupError as exc:
+        raise fail(str(exc), 2) from None
     if rank != 0:
         return
     png = plot_run(run_dir)
