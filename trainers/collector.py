@@ -10,9 +10,11 @@ dynamic sampling with refills, fresh episodes within ``max_staleness``, replayed
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,11 @@ from agentgym.trainers.offpolicy import PendingGroups, ReplayBuffer, Sample, sta
 from agentgym.trainers.registry import ADVANTAGE_ESTIMATORS
 from agentgym.trajectory import Trajectory, TrajectoryWriter
 
+RewardHook = Callable[[Trajectory], float]
+"""A custom reward: an episode's outcome score from the finished episode (its messages,
+actions, per-turn rewards, the env's ``score`` and ``success``). Advantages and dynamic
+sampling read it in place of the env's score."""
+
 
 class Collector:
     def __init__(
@@ -41,10 +48,13 @@ class Collector:
         dp: DataParallel,
         train_tasks: list[str],
         run_dir: Path,
+        reward: RewardHook | None = None,
     ) -> None:
         self.config, self.learner, self.generator = config, learner, generator
         self.runner, self.dp = runner, dp
         self.train_tasks, self.run_dir = train_tasks, run_dir
+        self.reward = reward
+        """Rescores each finished episode before its advantage (None: the env's score)."""
         self.expert_turns: dict[str, int] | None = None
         """Turns the expert took per train task (``curriculum`` other than ``all``); None:
         every task is drawn."""
@@ -191,6 +201,8 @@ class Collector:
         if not members:
             return []
         episodes = [episode for episode, _ in members]
+        if self.reward is not None:  # the saved rollouts keep the env's score
+            episodes = [dataclasses.replace(e, score=float(self.reward(e))) for e in episodes]
         group_ids = torch.tensor([g for _, g in members])
         advantages = ADVANTAGE_ESTIMATORS[self.config.advantage](episodes, group_ids)
         keep = [True] * len(members)

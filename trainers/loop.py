@@ -36,7 +36,7 @@ from agentgym.progress import progress as progress_display
 from agentgym.run_folder import MetricsLog, RunDir
 from agentgym.trainers import heldout, manifest
 from agentgym.trainers.batch import TokenBatch
-from agentgym.trainers.collector import Collector
+from agentgym.trainers.collector import Collector, RewardHook
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.critique_rl import CritiqueRL
 from agentgym.trainers.distributed import DataParallel
@@ -61,8 +61,17 @@ class SetupError(ValueError):
 
 
 class Trainer:
-    def __init__(self, config: TrainConfig, run_dir: str | Path, *, resume: bool = False) -> None:
+    def __init__(
+        self,
+        config: TrainConfig,
+        run_dir: str | Path,
+        *,
+        resume: bool = False,
+        reward: RewardHook | None = None,
+    ) -> None:
         self.config = config
+        self.reward = reward
+        """A custom reward (:data:`~agentgym.trainers.collector.RewardHook`); None: the env's score."""
         self.run_dir = RunDir(run_dir)
         self.resume = resume
         self.schedule = (
@@ -277,7 +286,14 @@ class Trainer:
             log.warning("eval_every: the env has no validation split; no periodic evaluation")
         generator = self.complete(start_generator(config, self.learner, self.url))
         self.collector = Collector(
-            config, self.learner, generator, self.runner, self.dp, self.train_tasks, self.run_dir.path
+            config,
+            self.learner,
+            generator,
+            self.runner,
+            self.dp,
+            self.train_tasks,
+            self.run_dir.path,
+            self.reward,
         )
         self.recipe = self.recipe_class(self)
 

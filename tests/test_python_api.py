@@ -1,0 +1,43 @@
+"""Training from Python (``agentgym.trainers.train``), with a custom reward: the hook sees
+every finished episode, its score is what the advantages are computed from, and the saved
+rollouts keep the env's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import TINY_RUN
+
+from agentgym.trainers import TrainConfig, train
+from agentgym.trajectory import Trajectory, read_trajectories
+
+
+def test_train_from_python_with_a_custom_reward(
+    tiny_model_dir: Path, choice_url: str, tmp_path: Path
+) -> None:
+    seen: list[Trajectory] = []
+
+    def first_sample_wins(episode: Trajectory) -> float:
+        seen.append(episode)
+        # A group is a task's pair of samples (numbered on across steps): one wins, one loses.
+        return float(episode.sample % TINY_RUN["group_size"] == 0)
+
+    config = TINY_RUN | {"model": str(tiny_model_dir), "env_url": choice_url, "eval_tasks": 0, "kl_coef": 0.0}
+    run = train(config, out=tmp_path / "run", reward=first_sample_wins)
+    assert run == (tmp_path / "run").absolute() and (run / "curves.png").is_file()
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rl = [r for r in steps if r["phase"] == "rl"]
+    per_step = TINY_RUN["tasks_per_step"] * TINY_RUN["group_size"]
+    assert [r["step"] for r in rl] == [1, 2]
+    assert all(r["skipped_episodes"] == 0 for r in rl), rl  # every episode carries gradient
+    assert len(seen) == 2 * per_step and all(e.token_ids for e in seen)
+    played = [t for p in sorted((run / "rollouts").glob("step-*.jsonl")) for t in read_trajectories(p)]
+    assert len(played) == len(seen)
+    groups: dict[tuple[str, str], set[float]] = {}
+    for path in sorted((run / "rollouts").glob("step-*.jsonl")):
+        for t in read_trajectories(path):
+            groups.setdefault((path.name, t.task_id), set()).add(t.score)
+    # By the env's scores (kept in the rollouts) some group ties: its episodes would carry no gradient.
+    assert any(len(scores) == 1 for scores in groups.values()), groups
+    assert TrainConfig.load(run / "config.yaml").env == "choice"
