@@ -436,6 +436,10 @@ PANELS = (
     ("loss", ("loss",)),
     ("staleness (policy versions)", ("staleness_mean", "staleness_max")),
     ("importance ratio π_θ/π_behaviour", ("ratio_p05", "ratio_p50", "ratio_p95")),
+    ("approx. KL, behaviour → current policy", ("approx_kl",)),
+    ("tokens held by the clip (share)", ("clip_frac_low", "clip_frac_high")),
+    ("gradient norm, before clipping", ("grad_norm",)),
+    ("learning rate", ("lr",)),
 )
 RATES = frozenset(
     {
@@ -450,8 +454,11 @@ RATES = frozenset(
 """Shares in [0, 1]: a panel of only these is drawn on a 0..1 axis, so a flat 0.125 reads as
 low rather than filling the panel, and runs compare at a glance."""
 BY_PHASE = frozenset({"loss"})
-"""Keys drawn as one line per training phase (``bc``, ``rl``, ``critique-*``): a behaviour
-cloning loss (NLL) and an RL loss are different quantities on one axis."""
+"""Keys drawn as one line per training phase (``bc``, ``rl``, ``critique-*``), in
+``curves.png`` each on its own axes: a behaviour cloning loss (NLL) and an RL loss are
+different quantities."""
+OUTCOMES = {"eval_success_rate": "eval_outcomes", "val_success_rate": "val_outcomes"}
+"""Held-out rates and the per-task outcomes they were computed from (their intervals)."""
 
 
 def series(records: Sequence[dict[str, Any]], key: str) -> list[tuple[str, list[tuple[int, float]]]]:

@@ -42,6 +42,8 @@ class Learner:
         self.optimizer = torch.optim.AdamW(
             self.trainable, lr=config.learning_rate, weight_decay=config.weight_decay
         )
+        self.grad_norm = 0.0
+        """The gradient norm of the last optimizer step, before clipping to ``max_grad_norm``."""
         self.reference: list[Tensor] | None = None
         """The KL reference: a frozen snapshot of the trainable weights (:meth:`take_reference`)."""
         self.reference_path: Path | None = None
@@ -112,7 +114,7 @@ class Learner:
                 loss.backward()
                 total += loss.detach()
             self.dp.sum_gradients(self.trainable)
-            torch.nn.utils.clip_grad_norm_(self.trainable, self.config.max_grad_norm)
+            self.grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable, self.config.max_grad_norm))
             self.optimizer.step()
             self.model.eval()
         return float(self.dp.sum(total))

@@ -142,6 +142,7 @@ class Trainer:
                     record = self.recipe.step(step)
                 self._set_version(step)
                 record.update(step_s=round(time.perf_counter() - started, 2), cpu_idle_share=_idle_share(cpu))
+                record.setdefault("lr", self.learner.optimizer.param_groups[0]["lr"])
                 if self.dp.main:  # the other ranks go on to the next step and wait for rank 0 there
                     self._finish_step(step, record)
                 progress.update(bar, advance=1, description=_describe(record))

@@ -6,22 +6,28 @@ The viewer's dashboard draws the same panels (``/api/info`` hands it :data:`PANE
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import Any
 
-from agentgym.run_folder import PANELS, RATES, series
+import yaml
+
+from agentgym.run_folder import BY_PHASE, OUTCOMES, PANELS, RATES, series
 
 RATE_LIMITS = (-0.02, 1.02)
 """The 0..1 axis, with room for markers at 0 and 1."""
 
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Draw every panel that has data; return the PNG's path (default RUN_DIR/curves.png).
-    Steps are integers on every x axis; rate panels span 0..1."""
+    """Draw every panel that has data and moves; return the PNG's path (default
+    RUN_DIR/curves.png). Steps are integers on every x axis; rate panels span 0..1; a
+    dashed line marks where RL starts; held-out success carries its Wilson 95% intervals;
+    a loss gets its own axes per phase; panels whose every value is one number are named
+    under the title instead of drawn."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on servers
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
     from agentgym.run_folder import MetricsLog
 
@@ -29,28 +35,105 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     records = MetricsLog(run_dir / "metrics.jsonl").read()
     if not records:
         raise FileNotFoundError(f"no metrics in {run_dir / 'metrics.jsonl'}")
-    panels = [(title, keys) for title, keys in PANELS if any(k in r for r in records for k in keys)]
+    panels, constant = drawn_panels(records)
     columns = 2
-    rows = (len(panels) + columns - 1) // columns
-    figure, axes = plt.subplots(rows, columns, figsize=(10, 2.8 * rows), squeeze=False)
-    for axis, (title, keys) in zip(axes.flat, panels, strict=False):
-        lines = [line for key in keys for line in series(records, key)]
-        for label, points in lines:
-            axis.plot(*zip(*points, strict=True), marker="o", label=label)
-        axis.set_title(title)
-        axis.set_xlabel("step")
-        axis.xaxis.set_major_locator(MaxNLocator(integer=True))  # no step 1.5
-        steps = {step for _, points in lines for step, _ in points}
-        if len(steps) == 1:  # one step: its neighbours either side, not 3.95..4.05
-            axis.set_xlim(min(steps) - 1, min(steps) + 1)
-        if set(keys) <= RATES:
-            axis.set_ylim(*RATE_LIMITS)
-        if len(lines) > 1:
-            axis.legend()
+    rows = max(1, (len(panels) + columns - 1) // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(10, 2.8 * rows + 0.6), squeeze=False)
+    rl_start = next((r["step"] for r in records if r.get("phase") == "rl"), None)
+    for axis, (title, keys, lines) in zip(axes.flat, panels, strict=False):
+        _draw(axis, title, keys, lines, records, rl_start)
     for axis in list(axes.flat)[len(panels) :]:
         axis.axis("off")
-    figure.tight_layout()
+    heading = _title(run_dir) + (f"\nconstant throughout: {'; '.join(constant)}" if constant else "")
+    figure.suptitle(heading)
+    figure.tight_layout(rect=(0, 0, 1, 1 - (0.25 + 0.2 * heading.count("\n")) / figure.get_figheight()))
     path = Path(out) if out else run_dir / "curves.png"
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return path
+
+
+Line = tuple[str, list[tuple[int, float]]]
+
+
+def drawn_panels(
+    records: list[dict[str, Any]],
+) -> tuple[list[tuple[str, tuple[str, ...], list[Line]]], list[str]]:
+    """The panels to draw, ``(title, keys, lines)``, a per-phase key split into one panel per
+    phase; and the panels left out because every value is the same (``"title value"``)."""
+    panels, constant = [], []
+    for title, keys in PANELS:
+        lines = [line for key in keys for line in series(records, key)]
+        if not lines:
+            continue
+        split = len(lines) > 1 and set(keys) <= BY_PHASE
+        for panel_title, panel_lines in (
+            [(label, [(label, pts)]) for label, pts in lines] if split else [(title, lines)]
+        ):
+            values = {value for _, points in panel_lines for _, value in points}
+            if len(values) == 1 and sum(len(points) for _, points in panel_lines) > 1:
+                constant.append(f"{panel_title} {_number(values.pop())}")
+            else:
+                panels.append((panel_title, keys, panel_lines))
+    return panels, constant
+
+
+def _draw(
+    axis: Any, title: str, keys: tuple[str, ...], lines: list[Line], records: list[dict], rl_start: int | None
+) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    for label, points in lines:
+        steps, values = zip(*points, strict=True)
+        if label in OUTCOMES:  # held-out success with its 95% interval
+            low, high = zip(*(wilson_interval(*_tally(records, label, step)) for step in steps), strict=True)
+            errors = [
+                [v - lo for v, lo in zip(values, low, strict=True)],
+                [hi - v for v, hi in zip(values, high, strict=True)],
+            ]
+            axis.errorbar(steps, values, yerr=errors, marker="o", capsize=3, label=label)
+        else:
+            axis.plot(steps, values, marker="o", label=label)
+    first = min(step for _, points in lines for step, _ in points)
+    if rl_start is not None and first < rl_start:  # the panel shows steps before RL
+        axis.axvline(rl_start - 0.5, color="grey", linestyle="--", linewidth=1)
+    axis.set_title(title)
+    axis.set_xlabel("step" + (f" (RL from {rl_start})" if rl_start and rl_start > 1 else ""))
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))  # no step 1.5
+    steps = {step for _, points in lines for step, _ in points}
+    if len(steps) == 1:  # one step: its neighbours either side, not 3.95..4.05
+        axis.set_xlim(min(steps) - 1, min(steps) + 1)
+    if set(keys) <= RATES:
+        axis.set_ylim(*RATE_LIMITS)
+    if len(lines) > 1:
+        axis.legend(fontsize="small")
+
+
+def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a rate: unlike the Wald interval it keeps a width at 0 and
+    at 1 (3 of 3 is [0.44, 1.0], not [1.0, 1.0])."""
+    if n <= 0:
+        return 0.0, 1.0
+    rate = successes / n
+    centre = (rate + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(rate * (1 - rate) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _tally(records: list[dict[str, Any]], key: str, step: int) -> tuple[float, int]:
+    """Successes and tasks behind the held-out rate ``key`` at ``step``."""
+    record = next(r for r in records if r.get("step") == step and key in r)
+    outcomes = record.get(OUTCOMES[key]) or {}
+    return (sum(outcomes.values()), len(outcomes)) if outcomes else (record[key], 1)
+
+
+def _title(run_dir: Path) -> str:
+    config = run_dir / "config.yaml"
+    values = (yaml.safe_load(config.read_text()) or {}) if config.is_file() else {}
+    what = ", ".join(str(values[k]) for k in ("algo", "env") if values.get(k))
+    name = "/".join(run_dir.resolve().parts[-2:])  # seed-3 alone says little
+    return name + (f" ({what})" if what else "")
+
+
+def _number(value: float) -> str:
+    return f"{value:g}"

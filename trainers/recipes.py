@@ -86,7 +86,8 @@ def behaviour_cloning(trainer: TrainingContext, step: int) -> dict[str, Any]:
     start = time.perf_counter()
     batch = trainer.minibatch(collate(chosen, [1.0] * len(chosen), trainer.pad_id))
     loss = trainer.learner.optimize(batch, nll(trainer.learner))
-    return {"step": step, "phase": "bc", "loss": loss, "episodes": len(chosen), "update_s": _since(start)}
+    figures = {"loss": loss, "grad_norm": trainer.learner.grad_norm, "episodes": len(chosen)}
+    return {"step": step, "phase": "bc", **figures, "update_s": _since(start)}
 
 
 # ----- the clipped family --------------------------------------------------------------------

@@ -134,6 +134,7 @@ def clipped_update(
         "entropy": entropy,
         **_ratio_figures(trainer.dp.gather(ratios)),
         "loss": loss,
+        "grad_norm": learner.grad_norm,
     }
 
 
