@@ -285,12 +285,15 @@ def outcome_figures(trajectories: list[Trajectory]) -> dict[str, Any]:
     turns = sum(t.turns for t in trajectories)
     # A turn whose reply did not parse sends no action (``None``): the env never saw it.
     invalid = sum(a is None for t in trajectories for a in t.actions)
+    # The rest of the invalid turns parsed, but the env refused the action or did not list it.
+    rejected = sum(t.invalid_turns for t in trajectories) - invalid
     return {
         "episodes": len(trajectories),
         "success_rate": sum(t.success for t in trajectories) / count,
         "mean_score": sum(t.score for t in trajectories) / count,
         "mean_turns": turns / count,
         "invalid_reply_rate": invalid / turns if turns else None,
+        "rejected_action_rate": rejected / turns if turns else None,
         "errored": sum(t.errored for t in trajectories),
     }
 

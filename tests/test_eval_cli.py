@@ -219,3 +219,18 @@ def test_collect_writes_expert_datasets(textworld_url: str, tmp_path: Path) -> N
         assert [c["from"] for c in item["conversations"][:3]] == ["human", "gpt", "human"]
         back = from_agentgym(item)
         assert back.messages[0]["role"] == "system" and back.messages[2]["content"].startswith("Action: ")
+
+
+def test_unparsed_replies_and_rejected_actions_are_counted_apart() -> None:
+    """A reply that names no action never reaches the env; one the game refuses does: an
+    eval that reported only the first showed "invalid 0.000" while the game refused every
+    command."""
+    from agentgym.evaluation import outcome_figures
+    from agentgym.trajectory import Trajectory
+
+    # Three turns: "look" played, a reply that did not parse, "dance" that the game refused.
+    played = {"actions": ["look", None, "dance"], "turns": 3, "invalid_turns": 2}
+    episode = Trajectory(env="textworld", task_id="t", policy="m", messages=[], **played)
+    figures = outcome_figures([episode])
+    assert figures["invalid_reply_rate"] == pytest.approx(1 / 3)
+    assert figures["rejected_action_rate"] == pytest.approx(1 / 3)

@@ -79,6 +79,7 @@ def results_table(results: dict[str, Any]) -> Table:
         "avg_at_k",
         "mean_turns",
         "invalid_reply_rate",
+        "rejected_action_rate",
         "errored",
         "resumed",
         "ran",
@@ -101,10 +102,14 @@ def families_table(results: dict[str, Any]) -> Table:
         "success_rate": "success",
         "mean_score": "score",
         "mean_turns": "turns",
-        "invalid_reply_rate": "invalid",
+        "invalid_reply_rate": "unparsed",
+        "rejected_action_rate": "rejected",
         "errored": "errored",
     }
-    table = Table(title="per challenge (invalid: share of replies that did not parse)")
+    table = Table(
+        title="per challenge (unparsed: replies that named no action; rejected: actions the env "
+        "refused or did not list)"
+    )
     table.add_column("challenge", no_wrap=True)  # squeeze the figures, never the names
     for header in columns.values():
         table.add_column(header)
