@@ -45,6 +45,18 @@ LEGACY_FILES = ("trainable.pt", "optimizer.pt", "state.json")
 STEP_PREFIX = "step-"
 BEST_BY = "val_success_rate"
 """The metric the best checkpoint is chosen by: validation success, never the test panel's."""
+PLAY_FILE = "play.json"
+"""How the run's held-out evaluation plays its model (agent format, reply length, turn
+limit, valid commands shown or constrained, temperature): written by the trainer, copied
+by ``export``, read by ``eval --model`` so a trained model is played as it was trained."""
+PLAY_KEYS = (
+    "agent_format",
+    "max_new_tokens",
+    "max_turns",
+    "show_actions",
+    "constrain_actions",
+    "temperature",
+)
 
 log = logging.getLogger(__name__)
 
@@ -471,3 +483,19 @@ def series(records: Sequence[dict[str, Any]], key: str) -> list[tuple[str, list[
     return [
         (f"{key} · {phase}", [p for r, p in points if str(r.get("phase", "")) == phase]) for phase in phases
     ]
+
+
+def write_play(folder: Path, settings: dict[str, Any]) -> None:
+    """Record how ``folder``'s model is played (:data:`PLAY_KEYS`)."""
+    _atomic_write_text(
+        Path(folder) / PLAY_FILE, json.dumps({k: settings[k] for k in PLAY_KEYS}, indent=1) + "\n"
+    )
+
+
+def read_play(folder: Path) -> dict[str, Any] | None:
+    """``folder``'s play record, or None where it has none (or an unreadable one)."""
+    try:
+        settings = json.loads((Path(folder) / PLAY_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return settings if isinstance(settings, dict) and set(PLAY_KEYS) <= set(settings) else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -101,9 +102,17 @@ def test_eval_plays_a_run_as_its_held_out_evaluation_did_unless_told_otherwise(
     assert (played["format"], played["max_new_tokens"], played["max_turns"]) == ("react", 6, 1)
     assert played["show_actions"] is False
 
+    legacy = tmp_path / "legacy-run"  # a run from before play.json: read from its config
+    shutil.copytree(tiny_run, legacy, ignore=shutil.ignore_patterns("play.json"))
+    legacy_base = [*base[:-4], "--model", str(legacy), "--n", "2"]
+    code, output = cli(*legacy_base, "--out", str(tmp_path / "legacy"))
+    assert code == 0 and "playing as the run's held-out evaluation did" in output, output
+    played = json.loads((tmp_path / "legacy" / "results.json").read_text())["config"]
+    assert (played["format"], played["max_new_tokens"], played["show_actions"]) == ("plain", 4, True)
+
 
 def test_export_writes_a_folder_plain_transformers_loads(
-    tiny_run: Path, tiny_model_dir: Path, tmp_path: Path
+    tiny_run: Path, tiny_model_dir: Path, choice_url: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "export"
     code, output = cli("export", str(tiny_run), "--out", str(out))
@@ -127,6 +136,25 @@ def test_export_writes_a_folder_plain_transformers_loads(
         exported, trained, untrained = (m(ids).logits for m in (model, served.model, base))
     assert torch.allclose(exported, trained, atol=1e-5)  # the export is the run's model
     assert not torch.allclose(exported, untrained, atol=1e-4)  # with the trained weights merged in
+
+    # The run's play record travels with the export: eval plays the exported model as the run did.
+    assert json.loads((out / "play.json").read_text()) == json.loads((tiny_run / "play.json").read_text())
+    args = [
+        "--env",
+        "choice",
+        "--url",
+        choice_url,
+        "--model",
+        str(out),
+        "--n",
+        "2",
+        "--out",
+        str(tmp_path / "ev"),
+    ]
+    code, output = cli("eval", *args)
+    assert code == 0 and "playing as the run's held-out evaluation did" in output, output
+    played = json.loads((tmp_path / "ev" / "results.json").read_text())["config"]
+    assert (played["format"], played["max_new_tokens"], played["max_turns"]) == ("plain", 4, 1)
 
     code, output = cli("export", str(tiny_run), "--out", str(out))
     assert code == 2 and "not an empty folder" in output  # never overwrites

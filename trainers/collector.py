@@ -23,6 +23,7 @@ import torch
 from agentgym.policies.base import SamplingParams
 from agentgym.policies.runs import RUN_CONFIG, run_of
 from agentgym.rollout import EpisodeSpec, RolloutConfig
+from agentgym.run_folder import read_play
 from agentgym.trainers.algorithms import dynamic_sampling_keep
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.distributed import DataParallel
@@ -264,12 +265,26 @@ async def _result_of(task: asyncio.Task) -> Any:
     return await task
 
 
-def evaluation_rollout(spec: str | Path | None) -> RolloutConfig | None:
-    """How the run behind ``spec`` played its held-out evaluations (agent format, reply
-    length, valid commands shown or constrained, turn limit, greedy), so that evaluating
-    its model again plays it the same way; None when ``spec`` is not a run."""
-    run = run_of(spec)
-    if run is None:
+def play_settings(rollout: RolloutConfig) -> dict[str, Any]:
+    """A rollout config as a run folder's play record (:data:`~agentgym.run_folder.PLAY_KEYS`)."""
+    return {
+        "agent_format": rollout.format,
+        "max_new_tokens": rollout.sampling.max_new_tokens,
+        "max_turns": rollout.max_turns,
+        "show_actions": rollout.show_actions,
+        "constrain_actions": rollout.constrain_actions,
+        "temperature": rollout.sampling.temperature,
+    }
+
+
+def evaluation_rollout(spec: str | Path | None) -> dict[str, Any] | None:
+    """How the run or exported model ``spec`` names was played in its held-out evaluations
+    (:data:`~agentgym.run_folder.PLAY_KEYS`), so that evaluating it again plays it the same
+    way; None for any other model. A run from before the play record: from its config."""
+    folder = run_of(spec) or (Path(spec) if spec is not None and Path(spec).is_dir() else None)
+    if folder is None:
         return None
-    config = TrainConfig.load(run / RUN_CONFIG)
-    return rollout_config(config, config.eval_horizon, sampling(config, greedy=True))
+    if (settings := read_play(folder)) is not None or run_of(spec) is None:
+        return settings
+    config = TrainConfig.load(folder / RUN_CONFIG)
+    return play_settings(rollout_config(config, config.eval_horizon, sampling(config, greedy=True)))

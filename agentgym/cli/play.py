@@ -92,8 +92,8 @@ def _rollout_config(
 
 
 def _as_the_run_played(model: str | None, policy: str) -> dict[str, Any]:
-    """``PLAY_DEFAULTS``, or, for a training run's model, how the run's held-out evaluation
-    played (its model was trained on that format and those observations)."""
+    """``PLAY_DEFAULTS``, or, for a training run or a model exported from one, how the run's
+    held-out evaluation played (its model was trained on that format and those observations)."""
     from agentgym.trainers.collector import evaluation_rollout
 
     try:
@@ -105,13 +105,7 @@ def _as_the_run_played(model: str | None, policy: str) -> dict[str, Any]:
         return PLAY_DEFAULTS
     if played is None:
         return PLAY_DEFAULTS
-    settings = {
-        "agent_format": played.format,
-        "max_new_tokens": played.sampling.max_new_tokens,
-        "max_turns": played.max_turns,
-        "show_actions": played.show_actions,
-        "constrain_actions": played.constrain_actions,
-    }
+    settings = {key: played[key] for key in PLAY_DEFAULTS}
     console.print(
         "playing as the run's held-out evaluation did (options given override): "
         + ", ".join(f"{name} {value}" for name, value in settings.items())
