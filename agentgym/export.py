@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from agentgym.policies.runs import RUN_CONFIG, RunCheckpoint, find_checkpoint
-from agentgym.run_folder import MetricsLog, read_play, write_play
+from agentgym.run_folder import READABLE_FOLDER, MetricsLog, read_play, write_play
 
 HELD_OUT_PREFIX = ("val_", "eval_")
 """Metrics of the held-out evaluations: validation (``val_success_rate``, ...) and the
@@ -49,7 +49,7 @@ def export_run(run: str | Path, out: str | Path, *, step: int | None = None) -> 
         (staging / "README.md").write_text(model_card(checkpoint, loaded.source.describe()))
         if (played := read_play(checkpoint.run)) is not None:  # eval --model plays it as the run did
             write_play(staging, played)
-        staging.chmod(0o755)  # mkdtemp makes it private
+        staging.chmod(READABLE_FOLDER)  # mkdtemp makes it private
         if out.exists():
             out.rmdir()  # empty (checked above)
         os.replace(staging, out)

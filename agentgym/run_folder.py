@@ -84,11 +84,17 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
+READABLE_FILE, READABLE_FOLDER = 0o644, 0o755
+"""A run folder is shared (a viewer, a colleague, an upload): temporary files and folders
+are created private (0600, 0700), so they are opened up before they take their names."""
+
+
 def _atomic_write_text(path: Path, text: str) -> None:
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as tmp:
         tmp.write(text)
         tmp.flush()
         os.fsync(tmp.fileno())
+    os.chmod(tmp.name, READABLE_FILE)
     os.replace(tmp.name, path)
     _fsync_dir(path.parent)
 
@@ -330,6 +336,7 @@ class RunDir:
         # The manifest goes last: a folder whose manifest matches its files is complete.
         record = json.dumps({"format": FORMAT, "files": manifest}, indent=2).encode()
         _write_durably(staging / MANIFEST, lambda fh: fh.write(record))
+        staging.chmod(READABLE_FOLDER)
         _fsync_dir(staging)
         final = self._publish(staging, name)
         self.prune(keep)

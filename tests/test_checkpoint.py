@@ -17,7 +17,7 @@ from conftest import TINY_RUN
 from typer.testing import CliRunner, Result
 
 from agentgym.cli import app
-from agentgym.run_folder import RunDir, rng_state
+from agentgym.run_folder import PLAY_FILE, PLAY_KEYS, MetricsLog, RunDir, rng_state, write_play
 from agentgym.trainers.config import TrainConfig
 
 
@@ -323,3 +323,24 @@ def test_resuming_a_folder_without_a_run_is_refused(folder: str, tmp_path: Path)
     expected = "does not exist: nothing to resume" if folder == "missing" else "holds no run to resume"
     assert f"{out} {expected}" in said, said
     assert out.exists() == (folder == "empty") and not list(tmp_path.rglob("*.yaml"))
+
+
+def test_a_run_folder_is_readable_by_others(tmp_path: Path) -> None:
+    """Checkpoints, the metrics log cut back on resume and the play record: not private
+    (temporary files and folders start as 0600 / 0700)."""
+    run = RunDir(tmp_path / "run")
+    model, optimizer = _trained()
+    folder = run.save_checkpoint(1, model, optimizer, {})
+    log = MetricsLog(run.metrics_path)
+    log.log({"step": 1})
+    log.log({"step": 2})
+    log.close()
+    MetricsLog(run.metrics_path, resume_step=1).close()  # cut back: rewritten whole
+    write_play(run.path, dict.fromkeys(PLAY_KEYS, 1))
+    modes = {
+        p.name: p.stat().st_mode & 0o777
+        for p in [folder, *folder.iterdir(), run.metrics_path, run.path / PLAY_FILE]
+    }
+    assert modes[folder.name] == 0o755 and all(
+        mode == 0o644 for name, mode in modes.items() if name != folder.name
+    ), modes
