@@ -30,7 +30,7 @@ session, its turn and the engine-error count stay as they were). An action is no
 `invalid_action` when it is empty, longer than the env's `max_action_chars` (`/metadata`),
 contains a control character other than tab/newline/carriage return or a lone surrogate,
 or breaks the env's own rules (textworld: printable ASCII only, no backslash, 198 bytes at
-most; see docs/envs). Reset options are type-checked with 422 `validation_error`:
+most; see each env's envs/NAME/README.md). Reset options are type-checked with 422 `validation_error`:
 `options.max_turns` is null or an integer 0..100000 (0 and null mean the env's default;
 an integral float such as `5.0` counts as an integer), `options.split` a string,
 `options.index` an integer >= 0, plus each env's own options; all options together are

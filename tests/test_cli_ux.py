@@ -40,7 +40,7 @@ from agentgym.envs.choice import ChoiceEnv
 from agentgym.servers.app import ServerConfig
 from agentgym.servers.launcher import free_port, serve_in_thread
 from agentgym.trainers.config import TrainConfig
-from agentgym.trainers.config_files import RECIPE_DIR
+from agentgym.trainers.config_files import ENV_LAYER, ENVS_DIR
 from agentgym.trainers.presets import PRESETS
 
 runner = CliRunner()
@@ -236,7 +236,7 @@ def test_recipe_values_give_way_to_flags_and_set() -> None:
 def test_an_env_brings_its_own_layer_under_everything_else(tmp_path: Path) -> None:
     """``--env search`` (or ``env`` set in a file or by ``--set``) starts from search's
     layer, not textworld's defaults; anything given explicitly still wins."""
-    shipped = yaml.safe_load((RECIPE_DIR / "envs" / "search.yaml").read_text())
+    shipped = yaml.safe_load((ENVS_DIR / "search" / ENV_LAYER).read_text())
     config = tmp_path / "mine.yaml"
     config.write_text("env: search\n")
     for args in (["--env", "search"], ["--set", "env=search"], ["--config", str(config)]):

@@ -17,7 +17,12 @@ def test_api_reference_is_current() -> None:
     assert actual == expected, "docs/api.md is stale: run `python -m agentgym.servers.apidoc > docs/api.md`"
 
 
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), ROOT / "bench" / "RESULTS.md"]
+DOCS = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").rglob("*.md")),
+    *sorted((ROOT / "envs").glob("*/README.md")),
+]
+DOCS.append(ROOT / "bench" / "RESULTS.md")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 REPO_PATH = re.compile(r"`((?:agentgym|envs|servers|trainers|docker|docs|bench|tests)/[\w./-]*)`")
 PLACEHOLDER = re.compile(r"\b(NAME|ENV|ALGO)\b|-v\d+$")

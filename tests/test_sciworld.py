@@ -34,7 +34,7 @@ from agentgym.servers.launcher import serve_in_thread
 # Small heaps keep 16 JVMs near 6 GB; at most 2 stay idle between tests.
 POOL = {"heap_mb": 256, "max_jvms": 18, "spare_jvms": 1, "max_idle_jvms": 2}
 SERVER_RSS_MB = 400
-"""Documented bound: server process RSS beyond its JVMs (docs/envs/sciworld.md)."""
+"""Documented bound: server process RSS beyond its JVMs (envs/sciworld/README.md)."""
 
 # Test-split tasks of 10 task types with short gold paths (a few to ~20 actions).
 EXPERT_TASKS = [

@@ -26,7 +26,7 @@ from agentgym.run_folder import RunDir
 from agentgym.servers.app import ServerConfig
 from agentgym.servers.launcher import serve_in_thread
 from agentgym.trainers.config import TrainConfig
-from agentgym.trainers.config_files import RECIPE_DIR, env_layer
+from agentgym.trainers.config_files import ENV_LAYER, ENVS_DIR, env_layer
 from agentgym.trajectory import read_trajectories
 
 BEFORE = json.loads((Path(__file__).parent / "data" / "splits_before.json").read_text())
@@ -186,10 +186,10 @@ def test_the_eval_turn_limit_is_fixed_per_env_not_by_the_schedule() -> None:
     assert shipped.rounds == [4, 6, 8] and shipped.eval_horizon == 8  # today's figures: 8 turns
     for overrides in ({"rounds": [2, 4]}, {"rounds": [4, 6, 8, 12]}, {"schedule": "fixed", "max_turns": 3}):
         assert shipped.with_overrides(overrides).eval_horizon == 8, overrides
-    for path in sorted((RECIPE_DIR / "envs").glob("*.yaml")):  # every env fixes its own
+    for path in sorted(ENVS_DIR.glob(f"*/{ENV_LAYER}")):  # every env fixes its own
         values = yaml.safe_load(path.read_text())
         config = TrainConfig.from_dict(values)
-        assert isinstance(values.get("eval_max_turns"), int), path.name
+        assert isinstance(values.get("eval_max_turns"), int), path.parent.name
         assert (
             config.with_overrides({"rounds": [1, 2], "schedule": "scaling-inter"}).eval_horizon
             == (values["eval_max_turns"])

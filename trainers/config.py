@@ -258,7 +258,7 @@ class TrainConfig:
     twice (logged as ``eval_success_rate``, ``eval_outcomes``)."""
     eval_max_turns: int | None = None
     """Turn limit of every held-out evaluation (validation and the test panel). Fixed per
-    env by its layer (``trainers/recipe_yaml/envs/ENV.yaml``), so changing ``rounds`` does
+    env by its layer (``envs/ENV/recipe.yaml``), so changing ``rounds`` does
     not move it; None (a config built without an env layer): the schedule's longest horizon."""
     entropy_floor: float = 0.05
     """Warn when an RL update's mean token entropy (nats) falls below this (collapse)."""

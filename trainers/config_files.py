@@ -2,8 +2,8 @@
 resolved config as YAML, each field's doc above it) and the shipped recipes of
 ``agentgym train --recipe ALGO-ENV``.
 
-A recipe is two YAML layers from ``trainers/recipe_yaml/``: ``envs/ENV.yaml`` (what suits
-the environment: turn limits, reply length, format) then the algorithm's layer: ``algo: ALGO`` for every preset
+A recipe is two YAML layers: the env's ``envs/ENV/recipe.yaml`` (what suits the
+environment: turn limits, reply length, format; in the env's own folder) then the algorithm's layer: ``algo: ALGO`` for every preset
 (``presets.py``), plus ``algos/ALGO.yaml`` where an algorithm needs more. An algorithm layer
 that sets ``env`` (critique-rl: math) pairs only with that env. Not to be confused with ``recipes.py``, the training regimes
 (behaviour cloning, the clipped family, AgentEvol) the trainer runs.
@@ -23,10 +23,14 @@ from typing import Any
 
 import yaml
 
+import agentgym.envs
 from agentgym.errors import did_you_mean
 from agentgym.trainers.presets import PRESETS
 
 RECIPE_DIR = Path(__file__).parent / "recipe_yaml"
+ENVS_DIR = Path(agentgym.envs.__file__).parent
+ENV_LAYER = "recipe.yaml"
+"""An env's training layer, in its folder (``envs/NAME/recipe.yaml``)."""
 
 
 # ----- the commented YAML of --print-config ---------------------------------------------------
@@ -72,10 +76,11 @@ def _commented_lines(config: Any, indent: str) -> Iterator[str]:
 
 
 def _layers(kind: str) -> dict[str, dict[str, Any]]:
+    if kind == "envs":  # each env's own folder: envs/NAME/recipe.yaml
+        return {path.parent.name: _read(path) for path in sorted(ENVS_DIR.glob(f"*/{ENV_LAYER}"))}
     files = {path.stem: _read(path) for path in sorted((RECIPE_DIR / kind).glob("*.yaml"))}
-    if kind == "algos":  # every preset is a recipe's algorithm, with its file where it has one
-        return {name: {"algo": name} | files.get(name, {}) for name in PRESETS}
-    return files
+    # Every preset is a recipe's algorithm, with its file where it has one.
+    return {name: {"algo": name} | files.get(name, {}) for name in PRESETS}
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""ScienceWorld environment: 30 science task types on a pooled JVM engine (see docs/envs/sciworld.md)."""
+"""ScienceWorld environment: 30 science task types on a pooled JVM engine (see envs/sciworld/README.md)."""
 
 from agentgym.envs.sciworld.env import SciWorldEnv
 

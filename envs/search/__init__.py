@@ -1,4 +1,4 @@
-"""Search environment: multi-hop question answering over a BM25 index (see docs/envs/search.md)."""
+"""Search environment: multi-hop question answering over a BM25 index (see envs/search/README.md)."""
 
 from agentgym.envs.search.env import SearchEnv
 

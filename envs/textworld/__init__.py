@@ -1,4 +1,4 @@
-"""TextWorld environment: generated text adventures (see docs/envs/textworld.md)."""
+"""TextWorld environment: generated text adventures (see envs/textworld/README.md)."""
 
 from agentgym.envs.textworld.env import TextWorldEnv
 
