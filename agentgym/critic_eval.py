@@ -13,10 +13,10 @@ from typing import Any
 
 from agentgym import registry
 from agentgym.critique import critique_and_replay, critique_metrics, critique_round, voting_accuracy
-from agentgym.envs.math.problems import Problem
 from agentgym.errors import AgentGymError
 from agentgym.evaluation import RESULTS_FILE, UsageError, list_tasks, write_json
 from agentgym.policies.base import Policy, SamplingParams
+from agentgym.problems import Problem, answer_key
 from agentgym.rollout import EpisodeSpec, RolloutConfig
 from agentgym.trajectory import Trajectory
 
@@ -45,7 +45,10 @@ async def evaluate_critic(
     :func:`~agentgym.critique.critique_metrics` figures and, for ``k > 1``, plain and
     critique-filtered majority-vote accuracy. Not resumable: a re-run replaces both files."""
     start = time.perf_counter()
-    records = await critique_round(actor, critic, problems, sampling, n_answers=k, refine_when_correct=False)
+    key = answer_key("math")
+    records = await critique_round(
+        actor, critic, problems, sampling, n_answers=k, refine_when_correct=False, key=key
+    )
     _write_critiques(out_dir, [record.to_dict() for record in records])
     results = {
         "env": "math",
@@ -55,7 +58,7 @@ async def evaluate_critic(
         "k": k,
         "temperature": sampling.temperature,
         **critique_metrics(r.outcome for r in records),
-        **(voting_accuracy(records) if k > 1 else {}),
+        **(voting_accuracy(records, key) if k > 1 else {}),
         "wall_s": round(time.perf_counter() - start, 3),
     }
     write_json(out_dir / RESULTS_FILE, results)

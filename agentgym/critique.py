@@ -30,17 +30,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentgym.envs.math.answers import answers_match, canonical_answer, extract_answer, is_correct
-from agentgym.envs.math.env import INSTRUCTION as MATH_INSTRUCTION
-from agentgym.envs.math.problems import Problem
 from agentgym.policies.base import Generation, GenerationRequest, Message, Policy, SamplingParams
+from agentgym.problems import AnswerKey, Problem
 from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
 from agentgym.trajectory import Trajectory
 
 STAGE2_VERDICT_WEIGHT = 0.2
 """β1 of Critique-RL's Stage II: the weight of the discrimination reward."""
 
-ACTOR_SYSTEM = MATH_INSTRUCTION
 CRITIC_SYSTEM = (
     "You are a careful teacher checking a student's work. Go through it step by step: for each "
     "step, say whether it is right and, if it is not, what the mistake is and how to fix it. "
@@ -70,9 +67,10 @@ _NEGATIVE = ("not", "incorrect", "wrong", "false")
 # ----- prompts -----------------------------------------------------------------------------
 
 
-def actor_messages(question: str) -> list[Message]:
-    """The actor's first attempt at ``question``."""
-    return [{"role": "system", "content": ACTOR_SYSTEM}, {"role": "user", "content": f"Question: {question}"}]
+def actor_messages(question: str, instruction: str) -> list[Message]:
+    """The actor's first attempt at ``question``, under the env's ``instruction``
+    (:attr:`AnswerKey.instruction <agentgym.problems.AnswerKey.instruction>`)."""
+    return [{"role": "system", "content": instruction}, {"role": "user", "content": f"Question: {question}"}]
 
 
 def critic_messages(question: str, answer: str) -> list[Message]:
@@ -81,11 +79,11 @@ def critic_messages(question: str, answer: str) -> list[Message]:
     return [{"role": "system", "content": CRITIC_SYSTEM}, {"role": "user", "content": body}]
 
 
-def refine_messages(question: str, answer: str, critique: str) -> list[Message]:
+def refine_messages(question: str, answer: str, critique: str, instruction: str) -> list[Message]:
     """The actor's second turn: its own first reply stays in the conversation, the critique
     comes as the next user turn."""
     return [
-        *actor_messages(question),
+        *actor_messages(question, instruction),
         {"role": "assistant", "content": answer.strip()},
         {"role": "user", "content": REFINE_REQUEST.format(critique=critique.strip())},
     ]
@@ -193,10 +191,10 @@ def _share_or_none(outcomes: Sequence[Outcome], holds: Callable[[Outcome], bool]
 # ----- voting -------------------------------------------------------------------------------
 
 
-def majority_vote(answers: Sequence[str | None]) -> str | None:
-    """The most frequent answer (equal numbers count as one answer: ``"1,000"`` = ``"1000.0"``),
-    ties going to the one seen first; ``None`` when no answer was given."""
-    keys = [(canonical_answer(a), a) for a in answers if a is not None]
+def majority_vote(answers: Sequence[str | None], canonical: Callable[[str], object]) -> str | None:
+    """The most frequent answer (answers with one ``canonical`` key count as one: ``"1,000"`` =
+    ``"1000.0"``), ties going to the one seen first; ``None`` when no answer was given."""
+    keys = [(canonical(a), a) for a in answers if a is not None]
     if not keys:
         return None
     first_seen: dict[str, str] = {}
@@ -207,13 +205,15 @@ def majority_vote(answers: Sequence[str | None]) -> str | None:
     return first_seen[winner]
 
 
-def critique_filtered_vote(answers: Sequence[str | None], verdicts: Sequence[bool | None]) -> str | None:
+def critique_filtered_vote(
+    answers: Sequence[str | None], verdicts: Sequence[bool | None], canonical: Callable[[str], object]
+) -> str | None:
     """Majority vote among the answers the critic judged Correct; among all answers when it
     judged none of them (with an answer) Correct."""
     if len(answers) != len(verdicts):
         raise ValueError(f"{len(answers)} answers but {len(verdicts)} verdicts")
     approved = [a for a, verdict in zip(answers, verdicts, strict=True) if verdict is True and a is not None]
-    return majority_vote(approved) if approved else majority_vote(answers)
+    return majority_vote(approved, canonical) if approved else majority_vote(answers, canonical)
 
 
 # ----- one round ------------------------------------------------------------------------------
@@ -283,7 +283,7 @@ async def critique_round(
     n_answers: int = 1,
     n_critiques: int = 1,
     refine_when_correct: bool = True,
-    check: Callable[[str, str], bool] = is_correct,
+    key: AnswerKey,
 ) -> list[CritiqueRecord]:
     """Actor answers each problem ``n_answers`` times, the critic critiques each answer
     ``n_critiques`` times, the actor refines once per critique.
@@ -295,14 +295,18 @@ async def critique_round(
             Critique-RL refines greedily).
         refine_when_correct: ``False`` keeps the answer as the refinement when the critic
             says Correct (test-time critique-then-refine); Critique-RL always refines.
-        check: ``check(reply, gold)``: whether a reply's final answer is right.
+        key: the env's answer key (:func:`agentgym.problems.answer_key`): the actor's
+            instruction, and whether a reply's final answer is right.
 
     Returns:
         ``len(problems) * n_answers * n_critiques`` records, problem-major.
     """
     if n_answers < 1 or n_critiques < 1:
         raise ValueError("n_answers and n_critiques must be at least 1")
-    answers = await _sample(actor, [actor_messages(p.question) for p in problems], sampling, n_answers)
+    check = key.is_correct
+    answers = await _sample(
+        actor, [actor_messages(p.question, key.instruction) for p in problems], sampling, n_answers
+    )
     pairs = [(i, a) for i in range(len(problems)) for a in range(n_answers)]
     prompts = [critic_messages(problems[i].question, answers[i][a].text) for i, a in pairs]
     critiques = await _sample(critic, prompts, critic_sampling or sampling, n_critiques)
@@ -311,7 +315,7 @@ async def critique_round(
         for k, (i, a) in enumerate(pairs)
         for c in range(n_critiques)
     ]
-    await _refine(actor, records, refine_sampling or sampling, refine_when_correct, check)
+    await _refine(actor, records, refine_sampling or sampling, refine_when_correct, key)
     return records
 
 
@@ -356,18 +360,20 @@ async def _refine(
     records: list[CritiqueRecord],
     sampling: SamplingParams,
     refine_when_correct: bool,
-    check: Callable[[str, str], bool],
+    key: AnswerKey,
 ) -> None:
     todo = [r for r in records if refine_when_correct or r.outcome.verdict is not True]
-    prompts = [refine_messages(r.problem.question, r.answer.text, r.critique.text) for r in todo]
+    prompts = [
+        refine_messages(r.problem.question, r.answer.text, r.critique.text, key.instruction) for r in todo
+    ]
     refined = await _generate(actor, prompts, sampling)
     for record, generation in zip(todo, refined, strict=True):
         record.refined = generation
-        correct = check(generation.text, record.problem.answer)
+        correct = key.is_correct(generation.text, record.problem.answer)
         record.outcome = dataclasses.replace(record.outcome, refined_correct=correct)
 
 
-def voting_accuracy(records: Sequence[CritiqueRecord]) -> dict[str, float]:
+def voting_accuracy(records: Sequence[CritiqueRecord], key: AnswerKey) -> dict[str, float]:
     """Per problem, over its sampled answers (first critique of each): plain majority-vote
     accuracy (``maj``) and critique-filtered majority-vote accuracy (``critique_maj``)."""
     by_problem: dict[int, list[CritiqueRecord]] = {}
@@ -378,10 +384,11 @@ def voting_accuracy(records: Sequence[CritiqueRecord]) -> dict[str, float]:
         raise ValueError("voting_accuracy needs at least one record")
     plain = filtered = 0
     for group in by_problem.values():
-        answers = [extract_answer(r.answer.text) for r in group]
+        answers = [key.extract(r.answer.text) for r in group]
         gold = group[0].problem.answer
-        plain += answers_match(majority_vote(answers), gold)
-        filtered += answers_match(critique_filtered_vote(answers, [r.outcome.verdict for r in group]), gold)
+        plain += key.matches(majority_vote(answers, key.canonical), gold)
+        verdicts = [r.outcome.verdict for r in group]
+        filtered += key.matches(critique_filtered_vote(answers, verdicts, key.canonical), gold)
     return {"maj": plain / len(by_problem), "critique_maj": filtered / len(by_problem)}
 
 

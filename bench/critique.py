@@ -30,7 +30,9 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     sampling = SamplingParams(temperature=temperature, max_new_tokens=args.max_new_tokens, seed=0)
     start = time.perf_counter()
     try:
-        records = await critique_round(policy, policy, problems, sampling, n_answers=args.samples)
+        records = await critique_round(
+            policy, policy, problems, sampling, n_answers=args.samples, key=MathEnv.answer_key
+        )
     finally:
         await policy.close()
     figures: dict[str, object] = {
@@ -41,7 +43,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         **critique_metrics(r.outcome for r in records),
     }
     if args.samples > 1:
-        figures.update(voting_accuracy(records))
+        figures.update(voting_accuracy(records, MathEnv.answer_key))
     figures["example"] = {k: records[0].to_dict()[k] for k in ("answer", "critique", "refined")}
     return figures
 

@@ -27,10 +27,14 @@ from agentgym.critique import (
     trajectory_critic_messages,
     voting_accuracy,
 )
-from agentgym.envs.math.answers import is_correct
+from agentgym.envs.math.answers import canonical_answer, is_correct
+from agentgym.envs.math.env import MathEnv
 from agentgym.envs.math.problems import Problem, generate_problem
 from agentgym.policies.base import Generation, GenerationRequest, Policy, SamplingParams
 from agentgym.trajectory import Trajectory
+
+MATH = MathEnv.answer_key
+
 
 # ----- pure pieces ---------------------------------------------------------------------------
 
@@ -98,25 +102,31 @@ def test_metrics_by_hand() -> None:
 
 
 def test_votes_by_hand() -> None:
-    assert majority_vote(["12", "1,000", "1000.0", None, "12", "1000"]) == "1,000"  # 3 votes as one number
-    assert majority_vote(["7", "8"]) == "7"  # a tie goes to the first seen
-    assert majority_vote([None, None]) is None
+    assert (
+        majority_vote(["12", "1,000", "1000.0", None, "12", "1000"], canonical_answer) == "1,000"
+    )  # 3 votes as one number
+    assert majority_vote(["7", "8"], canonical_answer) == "7"  # a tie goes to the first seen
+    assert majority_vote([None, None], canonical_answer) is None
     # The critic approves only the two "9"s: they win over three "8"s.
     answers = ["8", "9", "8", "9", "8"]
-    assert critique_filtered_vote(answers, [False, True, None, True, False]) == "9"
+    assert critique_filtered_vote(answers, [False, True, None, True, False], canonical_answer) == "9"
     assert (
-        critique_filtered_vote(answers, [False, None, False, False, None]) == "8"
+        critique_filtered_vote(answers, [False, None, False, False, None], canonical_answer) == "8"
     )  # none approved: all vote
-    assert critique_filtered_vote([None, "8"], [True, False]) == "8"  # approving no answer approves nothing
+    assert (
+        critique_filtered_vote([None, "8"], [True, False], canonical_answer) == "8"
+    )  # approving no answer approves nothing
     with pytest.raises(ValueError, match="2 answers but 1 verdicts"):
-        critique_filtered_vote(["1", "2"], [True])
+        critique_filtered_vote(["1", "2"], [True], canonical_answer)
 
 
 def test_prompts_carry_question_answer_and_critique() -> None:
     critic = critic_messages("What is 2+2?", "  2+2=4.\nThe answer is 4  ")
     assert critic[0]["role"] == "system" and "Verdict: Correct" in critic[0]["content"]
     assert "What is 2+2?" in critic[1]["content"] and "The answer is 4\n" in critic[1]["content"]
-    refine = refine_messages("What is 2+2?", "The answer is 5", "Step 1 is wrong.\nVerdict: Wrong")
+    refine = refine_messages(
+        "What is 2+2?", "The answer is 5", "Step 1 is wrong.\nVerdict: Wrong", MATH.instruction
+    )
     assert [m["role"] for m in refine] == ["system", "user", "assistant", "user"]
     assert refine[2]["content"] == "The answer is 5" and "Verdict: Wrong" in refine[3]["content"]
 
@@ -214,7 +224,7 @@ async def test_fixture_policies_follow_the_interface() -> None:
 
 async def test_a_round_gives_the_hand_computed_outcomes_rewards_and_metrics() -> None:
     actor, critic = _pair()
-    records = await critique_round(actor, critic, PROBLEMS, SamplingParams(temperature=0))
+    records = await critique_round(actor, critic, PROBLEMS, SamplingParams(temperature=0), key=MATH)
     assert [r.outcome for r in records] == HAND_OUTCOMES
     assert [r.stage1_reward for r in records] == HAND_STAGE1
     assert [r.stage2_reward for r in records] == pytest.approx(HAND_STAGE2)
@@ -230,7 +240,7 @@ async def test_a_round_gives_the_hand_computed_outcomes_rewards_and_metrics() ->
 
 async def test_a_critique_becomes_a_critic_training_record() -> None:
     actor, critic = _pair()
-    (record,) = await critique_round(actor, critic, PROBLEMS[:1], SamplingParams())
+    (record,) = await critique_round(actor, critic, PROBLEMS[:1], SamplingParams(), key=MATH)
     record.critique = Generation("Verdict: Correct", token_ids=[7, 8, 9], logprobs=[-0.1, -0.2, -0.3])
     assert record.critic_sample([1, 2]) == {
         "token_ids": [1, 2, 7, 8, 9],
@@ -241,17 +251,21 @@ async def test_a_critique_becomes_a_critic_training_record() -> None:
 
 async def test_critiques_per_answer_form_rloo_groups() -> None:
     actor, critic = _pair()
-    records = await critique_round(actor, critic, PROBLEMS[:2], SamplingParams(), n_answers=2, n_critiques=4)
+    records = await critique_round(
+        actor, critic, PROBLEMS[:2], SamplingParams(), n_answers=2, n_critiques=4, key=MATH
+    )
     assert len(records) == 2 * 2 * 4
     assert [r.group for r in records[:8]] == [(0, 0)] * 4 + [(0, 1)] * 4
     assert [r.critique_index for r in records[:4]] == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="at least 1"):
-        await critique_round(actor, critic, PROBLEMS, SamplingParams(), n_critiques=0)
+        await critique_round(actor, critic, PROBLEMS, SamplingParams(), n_critiques=0, key=MATH)
 
 
 async def test_refinement_can_be_skipped_when_the_critic_approves() -> None:
     actor, critic = _pair()
-    records = await critique_round(actor, critic, PROBLEMS, SamplingParams(), refine_when_correct=False)
+    records = await critique_round(
+        actor, critic, PROBLEMS, SamplingParams(), refine_when_correct=False, key=MATH
+    )
     assert actor.requests == 5 + 3  # problems 0 and 2 were approved: no refinement asked
     assert records[0].refined is records[0].answer and records[2].refined is records[2].answer
     assert [r.outcome for r in records] == HAND_OUTCOMES  # this actor repeats approved answers anyway
@@ -262,10 +276,10 @@ async def test_critique_filtered_voting_beats_plain_majority_over_sampled_answer
     wrong = {(PROBLEMS[0].question, 1), (PROBLEMS[0].question, 2), (PROBLEMS[1].question, 0)}
     actor = GoldActor(PROBLEMS[:2], lambda q, seed: (q, seed) in wrong)
     critic = StanceCritic(PROBLEMS[:2], {})
-    records = await critique_round(actor, critic, PROBLEMS[:2], SamplingParams(seed=0), n_answers=3)
+    records = await critique_round(actor, critic, PROBLEMS[:2], SamplingParams(seed=0), n_answers=3, key=MATH)
     # plain: problem 0 votes 2:1 for the wrong answer, problem 1 1:2 for the right one -> 1/2.
     # filtered: the honest critic approves only right answers -> both right.
-    assert voting_accuracy(records) == {"maj": 0.5, "critique_maj": 1.0}
+    assert voting_accuracy(records, MATH) == {"maj": 0.5, "critique_maj": 1.0}
 
 
 def _choice_episode(action: str, success: bool) -> Trajectory:
@@ -311,7 +325,7 @@ async def test_an_always_correct_critic_scores_only_the_share_of_right_answers()
     # three correct answers only, so Acc@Dis is 3/5, all on the correct side, none on the wrong.
     actor = GoldActor(PROBLEMS, lambda q, seed: q in ERRS)
     critic = StanceCritic(PROBLEMS, {p.question: "approve" for p in PROBLEMS})
-    records = await critique_round(actor, critic, PROBLEMS, SamplingParams(temperature=0))
+    records = await critique_round(actor, critic, PROBLEMS, SamplingParams(temperature=0), key=MATH)
     metrics = critique_metrics(r.outcome for r in records)
     assert metrics["acc_dis"] == pytest.approx(3 / 5)
     assert metrics["acc_dis_on_correct"] == 1.0 and metrics["acc_dis_on_wrong"] == 0.0
@@ -328,5 +342,7 @@ async def test_refinements_use_their_own_sampling() -> None:
 
     actor.generate = recording
     greedy = SamplingParams(temperature=0.0)
-    await critique_round(actor, critic, PROBLEMS, SamplingParams(temperature=1.0), refine_sampling=greedy)
+    await critique_round(
+        actor, critic, PROBLEMS, SamplingParams(temperature=1.0), refine_sampling=greedy, key=MATH
+    )
     assert seen == [1.0, 0.0]  # answers sampled, refinements greedy (Critique-RL)

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from agentgym.cli import app
 from agentgym.critique import critique_and_replay, critique_metrics, parse_verdict
 from agentgym.envs.math.answers import is_correct
+from agentgym.envs.math.env import MathEnv
 from agentgym.envs.math.problems import generate_problem
 from agentgym.evaluation import list_tasks
 from agentgym.policies import make_policy
@@ -27,8 +28,8 @@ from agentgym.trainers.loop import Trainer
 def test_synthetic_critiques_judge_the_gold_and_a_perturbed_solution() -> None:
     problem = generate_problem(3, "medium")
     rng = random.Random(0)
-    (_, right_prompt), right = synthetic_critique(problem, wrong=False, rng=rng)
-    (_, wrong_prompt), wrong = synthetic_critique(problem, wrong=True, rng=rng)
+    (_, right_prompt), right = synthetic_critique(problem, wrong=False, rng=rng, key=MathEnv.answer_key)
+    (_, wrong_prompt), wrong = synthetic_critique(problem, wrong=True, rng=rng, key=MathEnv.answer_key)
     assert parse_verdict(right) is True and parse_verdict(wrong) is False
     assert is_correct(right_prompt["content"], problem.answer)
     assert not is_correct(wrong_prompt["content"], problem.answer)

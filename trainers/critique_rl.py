@@ -19,11 +19,10 @@ import torch
 
 from agentgym import registry
 from agentgym.critique import CritiqueRecord, critic_messages, critique_metrics, critique_round
-from agentgym.envs.math.answers import parse_number
-from agentgym.envs.math.problems import Problem
 from agentgym.policies.base import Generation, GenerationRequest, Message, SamplingParams
 from agentgym.policies.chat import end_of_turn_id, reply_ids
 from agentgym.policies.hf import HFPolicy
+from agentgym.problems import AnswerKey, Problem, answer_key
 from agentgym.trainers.batch import collate
 from agentgym.trainers.collector import sampling
 from agentgym.trainers.context import TrainingContext
@@ -58,14 +57,16 @@ def rloo_groups(count: int, critiques_per_answer: int) -> torch.Tensor:
 # ----- the warm start ------------------------------------------------------------------------
 
 
-def synthetic_critique(problem: Problem, wrong: bool, rng: random.Random) -> tuple[list[Message], str]:
+def synthetic_critique(
+    problem: Problem, wrong: bool, rng: random.Random, key: AnswerKey
+) -> tuple[list[Message], str]:
     """A critic demonstration from a gold solution: the solution itself judged Correct, or
     the solution with its final result perturbed, judged Wrong with the fix named."""
     if not wrong:
         return critic_messages(problem.question, problem.solution), CORRECT_CRITIQUE.format(
             answer=problem.answer
         )
-    bad = _perturbed(problem.answer, rng)
+    bad = _perturbed(problem.answer, rng, key)
     # The last working line and the final line both carry the gold result: change both.
     head, _, tail = problem.solution.rpartition(problem.answer)
     head = head.rpartition(problem.answer)
@@ -73,9 +74,9 @@ def synthetic_critique(problem: Problem, wrong: bool, rng: random.Random) -> tup
     return critic_messages(problem.question, solution), WRONG_CRITIQUE.format(gold=problem.answer, wrong=bad)
 
 
-def _perturbed(answer: str, rng: random.Random) -> str:
+def _perturbed(answer: str, rng: random.Random, key: AnswerKey) -> str:
     """A different answer near ``answer`` (a non-numeric answer gets a digit appended)."""
-    value = parse_number(answer)
+    value = key.number(answer)
     if value is None:
         return f"{answer}1"
     offset = rng.choice([-3, -2, -1, 1, 2, 3, 10])
@@ -83,14 +84,14 @@ def _perturbed(answer: str, rng: random.Random) -> str:
 
 
 def demonstrations(
-    problems: Sequence[Problem], policy: HFPolicy, end_id: int, seed: int
+    problems: Sequence[Problem], policy: HFPolicy, end_id: int, seed: int, key: AnswerKey
 ) -> list[dict[str, list[Any]]]:
     """Token records (the ``collate`` format) of synthetic critiques, half Correct and half
     Wrong in random order, each ending with the end-of-turn token."""
     rng = random.Random(seed)
     records = []
     for i, problem in enumerate(problems):
-        messages, critique = synthetic_critique(problem, wrong=i % 2 == 1, rng=rng)
+        messages, critique = synthetic_critique(problem, wrong=i % 2 == 1, rng=rng, key=key)
         prompt = policy.prompt_ids(messages)
         reply = reply_ids(policy.tokenizer, critique, end_id)
         records.append(
@@ -138,6 +139,7 @@ class CritiqueRL:
         config = trainer.config
         # The problems behind the server's task ids (same env settings, same problems).
         catalog = registry.make(config.env, **config.env_settings)
+        self.key = answer_key(config.env)
         self.train_problems = [catalog.problem(t) for t in trainer.train_tasks]
         self.test_problems = [catalog.problem(t) for t in trainer.test_tasks]
         self.validation_problems = [catalog.problem(t) for t in trainer.validation_tasks]
@@ -183,6 +185,7 @@ class CritiqueRL:
             sampling(config, greedy),
             refine_sampling=sampling(config, greedy=True),
             n_critiques=1 if greedy else config.critiques_per_answer,
+            key=self.key,
         )
 
     def demonstrations(self) -> list[dict[str, Any]]:
@@ -191,7 +194,7 @@ class CritiqueRL:
             problems = self.train_problems[: self.trainer.config.bc_episodes]
             end_id = end_of_turn_id(self.trainer.tokenizer)
             self.demos = demonstrations(
-                problems, self.trainer.learner.policy, end_id, self.trainer.config.seed
+                problems, self.trainer.learner.policy, end_id, self.trainer.config.seed, self.key
             )
         return self.demos
 

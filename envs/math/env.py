@@ -13,7 +13,13 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from agentgym.core import MAX_ACTION_CHARS, Task, TaskListsMixin, TextEnv, Transition
-from agentgym.envs.math.answers import answers_match, extract_answer
+from agentgym.envs.math.answers import (
+    answers_match,
+    canonical_answer,
+    extract_answer,
+    is_correct,
+    parse_number,
+)
 from agentgym.envs.math.problems import DIFFICULTIES, MIXED, Problem, generate_problem, load_problems
 
 SPLIT_SEEDS = {"train": 0, "validation": 500_000, "test": 1_000_000}
@@ -26,6 +32,18 @@ Solve the math problem. Reason step by step, then end your reply with the final 
 on its own line, as: The answer is N"""
 
 DataPaths = str | os.PathLike[str] | Mapping[str, str | os.PathLike[str]]
+
+
+class MathAnswers:
+    """The math env's :class:`~agentgym.problems.AnswerKey`: "The answer is N" (or ``####``,
+    ``\\boxed{}``), numbers compared exactly as rationals, symbolic answers as normalized text."""
+
+    instruction = INSTRUCTION
+    extract = staticmethod(extract_answer)
+    canonical = staticmethod(canonical_answer)
+    matches = staticmethod(answers_match)
+    is_correct = staticmethod(is_correct)
+    number = staticmethod(parse_number)
 
 
 class MathEnv(TaskListsMixin, TextEnv):
@@ -44,6 +62,8 @@ class MathEnv(TaskListsMixin, TextEnv):
     """
 
     name: ClassVar[str] = "math"
+    answer_key: ClassVar[MathAnswers] = MathAnswers()
+    """How its answers are read and checked (the critique protocol reads it, :mod:`agentgym.problems`)."""
     description: ClassVar[str] = (
         "Math word problems (generated multi-step arithmetic, or GSM8K/MATH files): reward 1 when the "
         "final answer is right."

@@ -19,17 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym.envs.math.answers import last_boxed
-
-
-@dataclass(frozen=True)
-class Problem:
-    question: str
-    answer: str
-    """The gold final answer as written (``"72"``, ``"\\frac{1}{2}"``)."""
-    solution: str
-    """A worked solution ending with ``The answer is <answer>.``"""
-    source: str = "generated"
-
+from agentgym.problems import Problem
 
 # ----- the generator --------------------------------------------------------------------
 
