@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -39,7 +40,9 @@ class EtaColumn(ProgressColumn):
         )
 
 
-def episode_progress() -> tuple[Any, Callable[[int, int], None], Callable[[Trajectory], None]]:
+def episode_progress(
+    console: Console = console,
+) -> tuple[Any, Callable[[int, int], None], Callable[[Trajectory], None]]:
     """A progress bar (plain lines when the output is not a terminal, :mod:`agentgym.progress`)
     and the two callbacks that drive it."""
     progress = progress_display(
