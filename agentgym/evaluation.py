@@ -38,6 +38,7 @@ from agentgym.errors import AgentGymError
 from agentgym.openenv_client import env_client
 from agentgym.policies import POLICY_KINDS, Policy, make_policy
 from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
+from agentgym.run_folder import read_json_object
 from agentgym.trajectory import Trajectory, TrajectoryWriter, read_trajectories
 from agentgym.wire import Metadata
 
@@ -186,7 +187,7 @@ def claim_folder(out_dir: Path, settings: dict[str, Any]) -> None:
     turn limit, seed, ...): resuming them would report them under the new settings. A folder from
     before this record, with episodes, is judged by its ``results.json``."""
     saved_path = out_dir / SETTINGS_FILE
-    saved = _read_json(saved_path) or (_read_json(out_dir / RESULTS_FILE) or {}).get("config")
+    saved = read_json_object(saved_path) or (read_json_object(out_dir / RESULTS_FILE) or {}).get("config")
     if saved and (out_dir / TRAJECTORIES_FILE).exists():
         changed = [
             f"{key} {saved.get(key)!r} -> {value!r}"
@@ -201,14 +202,6 @@ def claim_folder(out_dir: Path, settings: dict[str, Any]) -> None:
             )
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(saved_path, settings)
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 async def list_tasks(url: str, split: str, n: int | None, token: str | None = None) -> list[str]:

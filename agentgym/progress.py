@@ -86,10 +86,10 @@ class LineProgress:
         ]
         if task["status"]:
             parts.append(task["status"])
-        parts.append(f"elapsed {_clock(elapsed)}")
+        parts.append(f"elapsed {clock(elapsed)}")
         ran = done - task["start"]
         if total and ran > 0:
-            parts.append(f"eta {_clock(elapsed / ran * (total - done))}")
+            parts.append(f"eta {clock(elapsed / ran * (total - done))}")
         return " | ".join(parts)
 
     def _print(self) -> None:
@@ -106,6 +106,7 @@ class LineProgress:
                 self._print()
 
 
-def _clock(seconds: float) -> str:
+def clock(seconds: float) -> str:
+    """``H:MM:SS``."""
     seconds = int(seconds)
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"

@@ -501,8 +501,14 @@ def write_play(folder: Path, settings: dict[str, Any]) -> None:
 
 def read_play(folder: Path) -> dict[str, Any] | None:
     """``folder``'s play record, or None where it has none (or an unreadable one)."""
+    settings = read_json_object(Path(folder) / PLAY_FILE)
+    return settings if settings is not None and set(PLAY_KEYS) <= set(settings) else None
+
+
+def read_json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``; None when the file is missing, unreadable or not an object."""
     try:
-        settings = json.loads((Path(folder) / PLAY_FILE).read_text())
+        data = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
-    return settings if isinstance(settings, dict) and set(PLAY_KEYS) <= set(settings) else None
+    return data if isinstance(data, dict) else None

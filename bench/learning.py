@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import shutil
 import statistics
 import subprocess
@@ -58,7 +57,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agentgym.policies.models import converted_folder
-from agentgym.run_folder import MetricsLog
+from agentgym.run_folder import MetricsLog, read_json_object
 from agentgym.trainers import heldout, manifest
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.config_files import env_layer
@@ -386,10 +385,7 @@ def _config(folder: Path) -> dict[str, Any]:
 
 
 def _run_manifest(folder: Path) -> dict[str, Any]:
-    try:
-        return json.loads((folder / manifest.MANIFEST_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
+    return read_json_object(folder / manifest.MANIFEST_FILE) or {}
 
 
 def _spec_sha256(spec: str) -> str | None:

@@ -11,13 +11,12 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 from agentgym.trainers.collector import RewardHook
 from agentgym.trainers.config import TrainConfig
-from agentgym.trainers.config_files import env_layer
+from agentgym.trainers.config_files import default_run_folder, layered_config, saved_config
 from agentgym.trainers.loop import Trainer
 from agentgym.trainers.plot import plot_run
 
@@ -44,15 +43,12 @@ def train(
     if resume:
         if out is None:
             raise ValueError("resume needs out: the run folder to continue")
-        resolved = TrainConfig.load(Path(out) / "config.yaml")
+        resolved = saved_config(Path(out))
     elif isinstance(config, TrainConfig):
         resolved = config
     else:
-        values = dict(config or {})
-        resolved = TrainConfig.from_dict(env_layer(values.get("env", TrainConfig.env)) | values)
-    folder = Path(
-        out or resolved.output_dir or f"runs/{resolved.algo}-{resolved.env}-{time.strftime('%Y%m%d-%H%M%S')}"
-    )
+        resolved = layered_config(dict(config or {}))
+    folder = Path(out or resolved.output_dir or default_run_folder(resolved))
     resolved = resolved.with_overrides({"output_dir": str(folder.absolute())})
     run = Trainer(resolved, folder, resume=resume, reward=reward).run()
     plot_run(run)

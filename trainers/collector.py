@@ -286,5 +286,10 @@ def evaluation_rollout(spec: str | Path | None) -> dict[str, Any] | None:
         return None
     if (settings := read_play(folder)) is not None or run_of(spec) is None:
         return settings
-    config = TrainConfig.load(folder / RUN_CONFIG)
+    return held_out_play(TrainConfig.load(folder / RUN_CONFIG))
+
+
+def held_out_play(config: Any) -> dict[str, Any]:
+    """How a run's held-out evaluation plays (greedy, at the env's fixed turn limit), as its
+    play record."""
     return play_settings(rollout_config(config, config.eval_horizon, sampling(config, greedy=True)))

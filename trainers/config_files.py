@@ -17,6 +17,7 @@ import functools
 import inspect
 import itertools
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import yaml
 
 import agentgym.envs
 from agentgym.errors import did_you_mean
+from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.presets import PRESETS
 
 RECIPE_DIR = Path(__file__).parent / "recipe_yaml"
@@ -102,9 +104,38 @@ def recipe_names() -> list[str]:
 
 
 def env_layer(env: str) -> dict[str, Any]:
-    """What suits ``env`` (``envs/ENV.yaml``): the base of every run on it, under any recipe,
-    file or flag; {} for an env that ships none."""
+    """What suits ``env`` (``envs/ENV/recipe.yaml``): the base of every run on it, under any
+    recipe, file or flag; {} for an env that ships none."""
     return _layers("envs").get(env, {})
+
+
+def layered_config(values: dict[str, Any], overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """``values``, then ``overrides``, over the layer of the env they end up on. The env is
+    known only once every layer is read; its own layer then goes under them all, so
+    ``--env search`` gets search's reply length and turn limits, not textworld's defaults."""
+    overrides = overrides or {}
+    env = TrainConfig.from_dict(values).with_overrides(overrides).env
+    return TrainConfig.from_dict(env_layer(env) | values).with_overrides(overrides)
+
+
+def saved_config(folder: Path) -> TrainConfig:
+    """The config a run folder saved, its ``output_dir`` that folder as an absolute path (the
+    saved one may be relative to another directory, or name where the run was moved from);
+    FileNotFoundError when the folder holds no run."""
+    folder = Path(folder).absolute()
+    if not folder.exists():
+        raise FileNotFoundError(
+            f"{folder} does not exist: nothing to resume (leave out --resume to start a run there)"
+        )
+    saved = folder / "config.yaml"
+    if not saved.exists():
+        raise FileNotFoundError(f"{folder} holds no run to resume: it has no config.yaml")
+    return TrainConfig.load(saved).with_overrides({"output_dir": str(folder)})
+
+
+def default_run_folder(config: TrainConfig) -> Path:
+    """``runs/<algo>-<env>-<time>``: where a run goes when no folder is given."""
+    return Path("runs") / f"{config.algo}-{config.env}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def recipe(name: str) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from agentgym.progress import progress as progress_display
 from agentgym.run_folder import MetricsLog, RunDir, write_play
 from agentgym.trainers import heldout, manifest
 from agentgym.trainers.batch import TokenBatch
-from agentgym.trainers.collector import Collector, RewardHook, play_settings, rollout_config, sampling
+from agentgym.trainers.collector import Collector, RewardHook, held_out_play
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.critique_rl import CritiqueRL
 from agentgym.trainers.distributed import DataParallel
@@ -280,8 +280,7 @@ class Trainer:
             raise ValueError(f"generator: {config.generator} runs with one trainer process; use --nproc 1")
         self._list_tasks()  # before the model loads: an env that cannot train fails in seconds
         if self.dp.main:
-            played = rollout_config(config, config.eval_horizon, sampling(config, greedy=True))
-            write_play(self.run_dir.path, play_settings(played))
+            write_play(self.run_dir.path, held_out_play(config))
         policy = HFPolicy(config.model, dtype=self._dtype(), device=self.dp.device())
         self.tokenizer = policy.tokenizer
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0

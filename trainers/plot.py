@@ -72,7 +72,7 @@ def drawn_panels(
         ):
             values = {value for _, points in panel_lines for _, value in points}
             if len(values) == 1 and sum(len(points) for _, points in panel_lines) > 1:
-                constant.append(f"{panel_title} {_number(values.pop())}")
+                constant.append(f"{panel_title} {values.pop():g}")
             else:
                 panels.append((panel_title, keys, panel_lines))
     return panels, constant
@@ -133,7 +133,3 @@ def _title(run_dir: Path) -> str:
     what = ", ".join(str(values[k]) for k in ("algo", "env") if values.get(k))
     name = "/".join(run_dir.resolve().parts[-2:])  # seed-3 alone says little
     return name + (f" ({what})" if what else "")
-
-
-def _number(value: float) -> str:
-    return f"{value:g}"

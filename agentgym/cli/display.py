@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from agentgym.cli.common import console
+from agentgym.progress import clock
 from agentgym.progress import progress as progress_display
 
 if TYPE_CHECKING:
@@ -34,10 +35,7 @@ class EtaColumn(ProgressColumn):
         if task.total is None or not ran or not task.elapsed:
             return Text("eta -:--:--", style="progress.remaining")
         left = task.elapsed / ran * (task.total - task.completed)
-        return Text(
-            f"eta {int(left) // 3600}:{int(left) % 3600 // 60:02d}:{int(left) % 60:02d}",
-            style="progress.remaining",
-        )
+        return Text(f"eta {clock(left)}", style="progress.remaining")
 
 
 def episode_progress(

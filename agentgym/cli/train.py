@@ -161,29 +161,16 @@ def _resolve_config(
     """defaults < the env's layer < --recipe < --config < flags < --set; on --resume, the
     config saved in ``out``, which stays the run folder (as an absolute path: the saved
     ``output_dir`` may be relative to another directory, or name where the run was moved from)."""
-    from agentgym.trainers.config import TrainConfig
-    from agentgym.trainers.config_files import env_layer, recipe
+    from agentgym.trainers.config_files import default_run_folder, layered_config, recipe, saved_config
 
     if resume:
-        folder = Path(out).absolute()
-        if not folder.exists():
-            raise FileNotFoundError(
-                f"{folder} does not exist: nothing to resume (leave out --resume to start a run there)"
-            )
-        saved = folder / "config.yaml"
-        if not saved.exists():
-            raise FileNotFoundError(f"{folder} holds no run to resume: it has no config.yaml")
-        return TrainConfig.load(saved).with_overrides({"output_dir": str(folder)})
+        return saved_config(Path(out))
     values = recipe(layers.recipe) if layers.recipe else {}
     if layers.config_file:
         values |= yaml.safe_load(layers.config_file.read_text()) or {}
     flags = {key: value for key, value in layers.flags.items() if value}
-    # The env is known only once every layer is read; its own layer then goes under them all,
-    # so `--env search` gets search's reply length and turn limits, not textworld's defaults.
-    env = TrainConfig.from_dict(values).with_overrides(flags | overrides).env
-    resolved = TrainConfig.from_dict(env_layer(env) | values).with_overrides(flags | overrides)
-    folder = out or Path("runs") / f"{resolved.algo}-{resolved.env}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return resolved.with_overrides({"output_dir": str(folder)})
+    resolved = layered_config(values, flags | overrides)
+    return resolved.with_overrides({"output_dir": str(out or default_run_folder(resolved))})
 
 
 @commands.command()
