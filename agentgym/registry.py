@@ -37,6 +37,8 @@ _BUILTIN: dict[str, str] = {
     "sciworld": "agentgym.envs.sciworld:SciWorldEnv",
     "choice": "agentgym.envs.choice:ChoiceEnv",
     "math": "agentgym.envs.math:MathEnv",
+    "textcraft": "agentgym.envs.textcraft:TextCraftEnv",
+    "babyai": "agentgym.envs.babyai:BabyAIEnv",
 }
 """The shipped envs. The order is the port scheme's (``servers/launcher.py``: textworld on
 the base port + 1, ...): a new env goes last, and its port follows."""

@@ -1,8 +1,7 @@
 """Render the wire API reference (docs/api.md) from the server's OpenAPI spec.
 
-    python -m agentgym.servers.apidoc > docs/api.md
-
-A test fails when docs/api.md no longer matches, so the reference cannot drift.
+`agentgym generate` writes it (with the other generated files); a test fails when
+docs/api.md no longer matches, so the reference cannot drift.
 """
 
 from __future__ import annotations
@@ -15,8 +14,7 @@ from agentgym.servers.app import ServerConfig, create_app
 HEADER = """\
 # Wire API v1 reference
 
-Generated from the OpenAPI spec by `python -m agentgym.servers.apidoc`; do not edit by
-hand. Every env server serves the live spec at `/openapi.json` and a browsable UI at
+Generated from the OpenAPI spec by `agentgym generate`; do not edit by hand. Every env server serves the live spec at `/openapi.json` and a browsable UI at
 `/docs`. JSON in, JSON out; request bodies reject unknown fields (422).
 """
 
@@ -126,9 +124,6 @@ def _type(spec: dict[str, Any], schema: dict[str, Any]) -> str:
     return str(schema.get("type", "any"))
 
 
-def main() -> None:
-    print(render(create_app(ServerConfig(env="textworld")).openapi()), end="")
-
-
-if __name__ == "__main__":
-    main()
+def api_reference() -> str:
+    """docs/api.md: the reference of a textworld server's routes (every env serves the same)."""
+    return render(create_app(ServerConfig(env="textworld")).openapi())

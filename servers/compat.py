@@ -1,8 +1,9 @@
 """AgentGym-compatible routes, so AgentGym's own clients work unchanged.
 
-AgentGym runs one server per environment and they differ; an env picks the dialect of
-AgentGym's server for it with the class attribute ``compat_dialect`` (``DIALECTS``;
-the map of what each answers is in ``docs/environments.md``). Rules of every dialect:
+AgentGym runs one server per environment and they differ; an env declares the dialect of
+AgentGym's server for it as its class attribute ``compat_dialect`` (an
+``agentgym.dialects.Dialect`` kept in the env's folder; the map of what each answers is in
+``docs/environments.md``). Rules of every dialect:
 
 * A request names its session by ``env_idx`` or ``id``. When it carries both,
   ``env_idx`` names the session: AgentGym's SearchQA client sends its task index as
@@ -24,110 +25,16 @@ the map of what each answers is in ``docs/environments.md``). Rules of every dia
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Self
 
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
 
 from agentgym.core import Task, TextEnv
+from agentgym.dialects import GENERIC, Dialect
 from agentgym.errors import SchemaError, UnknownTask
 from agentgym.servers.middleware import ClientOf
 from agentgym.servers.sessions import Session, SessionManager
-
-
-def _wrapped_id(compat_id: int) -> dict[str, int]:
-    return {"id": compat_id}
-
-
-def _bare_id(compat_id: int) -> int:
-    return compat_id
-
-
-def _closed_object(compat_id: int) -> dict[str, Any]:
-    return {"closed": True, "id": compat_id}
-
-
-def _closed_true(compat_id: int) -> bool:
-    return True
-
-
-def _no_step_fields(observation: str) -> dict[str, Any]:
-    return {}
-
-
-def _webshop_step_fields(observation: str) -> dict[str, Any]:
-    return {"state": observation}  # AgentGym's WebShop server names the observation "state"
-
-
-def _webshop_reset(observation: str) -> list[Any]:
-    return [observation, None]  # its response_model is Tuple[str, None]
-
-
-def _searchqa_reset(observation: str) -> str:
-    return observation
-
-
-def _action_list(actions: list[str]) -> list[str]:
-    return actions
-
-
-def _webshop_clickables(actions: list[str]) -> dict[str, Any]:
-    """WebShop's ``get_available_actions()`` from our action strings (``search[<query>]``
-    while the search bar shows, then ``click[element]`` per clickable, in page order)."""
-    return {
-        "has_search_bar": any(a.startswith("search[") for a in actions),
-        "clickables": [a[len("click[") : -1] for a in actions if a.startswith("click[")],
-    }
-
-
-@dataclass(frozen=True)
-class Dialect:
-    """What AgentGym's server of one env answers, route by route."""
-
-    create: Callable[[int], Any]
-    """``/create``'s answer for a new session's integer id."""
-    task_field: str = "data_idx"
-    """The ``/reset`` field that carries AgentGym's task index."""
-    task_order: tuple[str, ...] = ()
-    """AgentGym's numbering of that index, unless the env has ``compat_task_id``: these
-    splits one after the other (empty: all splits in ``/metadata`` order)."""
-    native_reset: Callable[[str], Any] | None = None
-    """AgentGym's ``/reset`` answer from the new observation, for requests in AgentGym's
-    form (``env_idx``, no ``data_idx``); ``None``: our reset object for every request."""
-    step_fields: Callable[[str], dict[str, Any]] = _no_step_fields
-    """Fields AgentGym's ``/step`` answers beyond ours, from the observation."""
-    available_actions: Callable[[list[str]], Any] = _action_list
-    close: Callable[[int], Any] = _closed_object
-    create_loads_task: bool = False
-    """``/create {"id": k}`` loads task ``k`` (AgentGym's SearchQA server does)."""
-
-
-DIALECTS: dict[str, Dialect] = {
-    # Envs AgentGym never had (textworld, math, choice): as before, either id field.
-    "generic": Dialect(create=_wrapped_id),
-    # agentenv-sciworld: {"id": N}; data_idx numbered by the env (its 23 task types).
-    "sciworld": Dialect(create=_wrapped_id, close=_closed_true),
-    # agentenv-webshop: a bare N; session_id is the goal index (WebShop: test goals first).
-    "webshop": Dialect(
-        create=_bare_id,
-        task_field="session_id",
-        task_order=("test", "train"),
-        native_reset=_webshop_reset,
-        step_fields=_webshop_step_fields,
-        available_actions=_webshop_clickables,
-    ),
-    # agentenv-searchqa: a bare N; /create and /reset carry the item index as id (test first).
-    "search": Dialect(
-        create=_bare_id,
-        task_field="id",
-        task_order=("test", "train"),
-        native_reset=_searchqa_reset,
-        close=_closed_true,
-        create_loads_task=True,
-    ),
-}
 
 
 class _CompatBody(BaseModel):
@@ -165,7 +72,7 @@ class CompatCreate(BaseModel):
 
 def compat_router(catalog: TextEnv, sessions: SessionManager, client_of: ClientOf) -> APIRouter:
     router = APIRouter(tags=["agentgym-compat"])
-    dialect = DIALECTS[getattr(catalog, "compat_dialect", "generic")]
+    dialect: Dialect = getattr(catalog, "compat_dialect", GENERIC)
 
     def session_for(compat_id: int) -> Session:
         return sessions.get_compat(compat_id)
@@ -179,19 +86,30 @@ def compat_router(catalog: TextEnv, sessions: SessionManager, client_of: ClientO
             return catalog.task(catalog.compat_task_id(index))
         return _task_by_number(catalog, index, dialect.task_order or tuple(catalog.splits()))
 
-    if dialect.create_loads_task:
+    def task_to_create(body: CompatCreate | None) -> Task | None:
+        """The task ``/create`` loads: the body's ``{"id": k}``, else task 0 where AgentGym's
+        server starts an episode at once, else none."""
+        if dialect.create_loads_task and body and body.id is not None:
+            return agentgym_task(body.id)
+        return agentgym_task(0) if dialect.create_starts else None
+
+    if dialect.create_loads_task or dialect.create_starts:
 
         @router.post("/create")
         async def create_and_load(request: Request, body: CompatCreate | None = None) -> Any:
-            """Open a session; with ``{"id": k}``, load AgentGym's item ``k`` into it."""
-            task = agentgym_task(body.id) if body and body.id is not None else None
+            """Open a session; with ``{"id": k}``, load AgentGym's item ``k`` into it (or
+            task 0, where AgentGym's server starts an episode at ``/create``)."""
+            task = task_to_create(body)
             session = await sessions.open(client=client_of(request.scope), compat=True)
+            observation = ""
             if task is not None:
                 try:
-                    await start(session, task.task_id)
+                    observation, _ = await start(session, task.task_id)
                 except Exception:
                     await sessions.close(session.session_id)
                     raise
+            if dialect.create_starts:
+                return dialect.create_starts(session.compat_id, observation)
             return dialect.create(session.compat_id)
     else:
 
@@ -261,7 +179,22 @@ def compat_router(catalog: TextEnv, sessions: SessionManager, client_of: ClientO
         await sessions.close(session_for(body.session).session_id)
         return dialect.close(body.session)
 
+    for route, method in dialect.getters.items():
+        add_getter(router, route, method, session_for, sessions)
     return router
+
+
+def add_getter(
+    router: APIRouter, route: str, method: str, session_for: Any, sessions: SessionManager
+) -> None:
+    """``GET /<route>?id=N``: the env's ``method()`` in that session (a dialect's extra route)."""
+
+    async def getter(id: int | None = Query(None), env_idx: int | None = Query(None)) -> Any:
+        return await sessions.call(session_for(_either(id, env_idx)), method)
+
+    router.add_api_route(
+        f"/{route}", getter, methods=["GET"], summary=f"AgentGym's /{route}: the env's {method}()"
+    )
 
 
 def _either(id_: int | None, env_idx: int | None) -> int:

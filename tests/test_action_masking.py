@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from agentgym.policies.base import GenerationRequest, SamplingParams
 from agentgym.policies.hf import HFPolicy
-from agentgym.trainers.batch import allowed_tokens, collate
+from agentgym.trainers.batch import TokenBatch, allowed_tokens, collate
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.distributed import DataParallel
 from agentgym.trainers.learner import Learner
+from agentgym.trainers.update import clipped_update
 
 COMMANDS = ["go north", "go east", "take the rusty key", "open door"]
 
@@ -60,7 +62,7 @@ def test_behaviour_and_learner_log_probs_are_those_of_the_masked_distribution(ti
     }
     batch = collate([record], [1.0], pad_id=0)
     with torch.no_grad():
-        logp, entropy = learner.logprobs(batch, with_entropy=True)
+        logp, entropy, _ = learner.logprobs(batch, with_entropy=True)
     agent = batch.loss_mask[0].bool()
     assert logp[0][agent].tolist() == pytest.approx(reply.logprobs, abs=1e-4)  # ratio 1 at the same weights
     assert torch.exp(logp[0][agent] - batch.old_logp[0][agent]).tolist() == pytest.approx(
@@ -78,7 +80,7 @@ def test_behaviour_and_learner_log_probs_are_those_of_the_masked_distribution(ti
 
     free_record = {**record, "reply_choices": None}  # scored without the mask: the model's own
     with torch.no_grad():
-        unmasked, _ = learner.logprobs(collate([free_record], [1.0], pad_id=0))
+        unmasked, _, _ = learner.logprobs(collate([free_record], [1.0], pad_id=0))
     assert unmasked[0][agent].tolist() == pytest.approx(free, abs=1e-4)
 
 
@@ -90,3 +92,57 @@ def test_allowed_tokens_follow_the_reply_through_its_choices() -> None:
     assert allowed == {2: [6, 7], 3: [8, 9], 4: [2]}
     with pytest.raises(ValueError, match="agent turns"):
         allowed_tokens([1, 7, 2], [0, 1, 1], [[], []])
+
+
+def forced_end_batch(learner: Learner) -> TokenBatch:
+    """Episodes whose constrained reply ends on a forced token (the end id 2, the only one
+    allowed once a command is complete), behaviour log-probs from the current weights."""
+    choices = [[7, 8, 2], [7, 9, 2], [6, 2]]
+    records = [
+        {
+            "token_ids": [1, 1, *reply],
+            "loss_mask": [0, 0] + [1] * len(reply),
+            "logprobs": [],
+            "reply_choices": [choices],
+        }
+        for reply in ([7, 8, 2], [6, 2], [7, 9, 2], [6, 2])
+    ]
+    batch = collate(records, [1.0, -1.0, 1.0, -1.0], pad_id=0)
+    with torch.no_grad():
+        batch.old_logp = learner.logprobs(batch)[0] * batch.loss_mask
+    return batch
+
+
+@pytest.mark.parametrize("coef", [0.0, 1.0])
+def test_rl_keeps_the_forced_end_token_likely_without_the_mask_only_with_its_term(
+    tiny_model_dir: Path, coef: float
+) -> None:
+    """The end of a complete command is forced: its masked log-prob is 0 whatever the weights,
+    so the clipped surrogate never trains it. The forced-token term trains it under the
+    model's own distribution (what generation outside the constrained decoder samples)."""
+    torch.manual_seed(0)
+    config = TrainConfig(model=str(tiny_model_dir), temperature=1.0, learning_rate=1e-2, forced_end_coef=coef)
+    learner = Learner(config, HFPolicy(str(tiny_model_dir)), DataParallel())
+    batch = forced_end_batch(learner)
+    end = (batch.input_ids == 2) & batch.loss_mask.bool()
+
+    def free_end_logp() -> float:
+        with torch.no_grad():
+            return float(learner.logprobs(batch)[2][end].mean())
+
+    before = free_end_logp()
+    trainer = SimpleNamespace(
+        config=config,
+        learner=learner,
+        dp=DataParallel(),
+        version=0,
+        minibatch=lambda b: b.weighted("token-mean"),
+    )
+    for _ in range(5):
+        clipped_update(trainer, trainer.minibatch(batch), kl_coef=0.0)
+    with torch.no_grad():
+        masked = learner.logprobs(batch)[0][end]
+    assert masked.abs().max() < 1e-6  # forced: probability 1 under the mask, before and after
+    gain = free_end_logp() - before
+    print(f"\nforced_end_coef {coef}: free log-prob of the forced end {before:.3f} -> {before + gain:.3f}")
+    assert gain > 0.5 if coef else abs(gain) < 0.1

@@ -16,7 +16,6 @@ on any break not listed, and on a listed one that is gone, so the list only shri
 from __future__ import annotations
 
 import ast
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +29,7 @@ CONTRACT = {
     "agentgym.cache",
     "agentgym.sites",
     "agentgym.problems",
+    "agentgym.dialects",
 }
 """What an env may import besides itself."""
 TOP = ("agentgym.trainers", "agentgym.cli")
@@ -38,9 +38,13 @@ KNOWN_DEBTS: set[str] = set()
 
 
 def package_folders() -> dict[str, Path]:
-    """Namespace -> folder, as ``pyproject.toml`` installs them."""
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    return {name: ROOT / folder for name, folder in config["tool"]["setuptools"]["package-dir"].items()}
+    """Namespace -> folder, as ``setup.py`` installs them (its ``NAMESPACE``)."""
+    (mapping,) = [
+        ast.literal_eval(node.value)
+        for node in ast.parse((ROOT / "setup.py").read_text()).body
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "NAMESPACE"
+    ]
+    return {name: ROOT / folder for name, folder in mapping.items()}
 
 
 def modules(folders: dict[str, Path]) -> dict[str, Path]:

@@ -39,6 +39,7 @@ CHEAP: dict[str, dict[str, Any]] = {
     "webshop": {"n_products": 1000, "n_train": 300, "n_test": 300},
     "search": {},  # its defaults: 500 train, 100 test questions
     "sciworld": SCIWORLD,  # every variation of every task type
+    "textcraft": {},  # every craftable goal
 }
 """Each built-in env with many tasks per split (validation: its default size); listing
 them generates no game."""

@@ -128,6 +128,12 @@ def test_export_writes_a_folder_plain_transformers_loads(
     ids = tokenizer("You see a red door.", return_tensors="pt").input_ids
     generated = model.generate(ids, max_new_tokens=3, do_sample=False)
     assert generated.shape[1] == ids.shape[1] + 3
+    # Its own generation config stops where the run's replies stopped: the end of turn, the
+    # run's reply length, greedy.
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert tokenizer.convert_tokens_to_ids("<|im_end|>") in generation["eos_token_id"]
+    assert generation["max_new_tokens"] == 4 and generation.get("do_sample") is False
+    assert model.generate(ids).shape[1] <= ids.shape[1] + 4
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     served = HFPolicy(str(tiny_run), device="cpu")

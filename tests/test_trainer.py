@@ -123,9 +123,12 @@ def start_training(out: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def test_kill_9_then_resume_continues_without_duplicated_or_missing_steps(tmp_path: Path) -> None:
+def test_kill_9_then_resume_continues_without_duplicated_or_missing_steps(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
     out = tmp_path / "run"
     settings = [
+        f"model={tiny_model_dir}",  # what is tested is the run folder, not what the model learns
         "rounds=[1, 2, 3]",
         "interval=1",
         "steps=3",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -148,6 +148,17 @@ def allowed_tokens(
     return allowed
 
 
+class TokenScores(NamedTuple):
+    """Per-token scores of a batch, aligned with ``input_ids`` (0 where not computed)."""
+
+    logp: Tensor
+    """``log π(x_t | x_<t)``: under the constrained decoder's mask where there was one."""
+    entropy: Tensor | None
+    forced_end_logp: Tensor
+    """Where a constrained reply's last token was forced (the end of a complete command, the
+    only token allowed there): its log-prob under the model's own, unmasked distribution."""
+
+
 def token_logprobs(
     model: torch.nn.Module,
     input_ids: Tensor,
@@ -157,14 +168,17 @@ def token_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     allowed: Tensor | None = None,
-) -> tuple[Tensor, Tensor | None]:
+) -> TokenScores:
     """Per-token ``log π(x_t | x_<t)`` at ``temperature`` (and π's entropy there), aligned
     with ``input_ids``; 0 where not computed.
 
     ``allowed`` ([B, T, K] ids, -1 padded: :attr:`TokenBatch.allowed`) masks constrained
     tokens: π there is the model's distribution renormalised over the allowed ids, the
     distribution the sampler drew from, so log-probs, ratios and entropy are the acting
-    policy's.
+    policy's. A forced token's (one allowed id) log-prob is then 0 whatever the weights, so
+    RL cannot move it; at a reply's end that is the token that stops generation, and
+    ``forced_end_logp`` is its log-prob without the mask, for the term that keeps the model
+    able to stop unaided (``TrainConfig.forced_end_coef``).
 
     ``positions`` ([B, T], e.g. the loss mask) limits the work to those tokens: the output
     layer and the softmax over the vocabulary (49k entries for SmolLM2, the largest tensor
@@ -181,19 +195,30 @@ def token_logprobs(
     logits = model.get_output_embeddings()(hidden).float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
+    targets = input_ids[:, 1:][wanted][:, None]
     kept = None if allowed is None else vocabulary_mask(allowed[:, 1:][wanted], logits.shape[-1])
+    forced_end = torch.zeros(targets.shape[0], dtype=logits.dtype, device=logits.device)
     if kept is not None:
+        ends = (wanted & ~torch.nn.functional.pad(wanted[:, 1:], (0, 1)))[wanted]  # a reply's last token
+        at = ends & (kept.sum(-1) == 1)  # one row each: the free softmax costs next to nothing
+        forced_end[at] = torch.log_softmax(logits[at], dim=-1).gather(-1, targets[at]).squeeze(-1)
         logits = logits.masked_fill(~kept, float("-inf"))
     logp_all = torch.log_softmax(logits, dim=-1)
-    picked = logp_all.gather(-1, input_ids[:, 1:][wanted][:, None]).squeeze(-1)
-    logp = torch.zeros(input_ids.shape, dtype=picked.dtype, device=picked.device)
-    logp[:, 1:][wanted] = picked
-    if not with_entropy:
-        return logp, None
-    finite = logp_all if kept is None else logp_all.masked_fill(~kept, 0.0)  # 0·(-inf) is nan
-    entropy = torch.zeros_like(logp)
-    entropy[:, 1:][wanted] = -(logp_all.exp() * finite).sum(-1)
-    return logp, entropy
+    entropy = None
+    if with_entropy:
+        finite = logp_all if kept is None else logp_all.masked_fill(~kept, 0.0)  # 0·(-inf) is nan
+        entropy = -(logp_all.exp() * finite).sum(-1)
+    picked = logp_all.gather(-1, targets).squeeze(-1)
+    return TokenScores(
+        *(None if row is None else aligned(row, wanted) for row in (picked, entropy, forced_end))
+    )
+
+
+def aligned(values: Tensor, wanted: Tensor) -> Tensor:
+    """``values`` of the ``wanted`` positions ([B, T-1] bool) laid out as ``[B, T]`` (0 elsewhere)."""
+    out = torch.zeros((wanted.shape[0], wanted.shape[1] + 1), dtype=values.dtype, device=values.device)
+    out[:, 1:][wanted] = values
+    return out
 
 
 def vocabulary_mask(allowed: Tensor, vocabulary: int) -> Tensor | None:

@@ -8,14 +8,14 @@ from typing import Annotated
 
 import typer
 
-from agentgym.cli import fleet, models, play, train, view
+from agentgym.cli import fleet, models, play, project, train, view
 
 app = typer.Typer(
     help="AgentGym: LLM agents in interactive text environments.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-for area in (fleet, play, view, models, train):
+for area in (fleet, play, view, models, train, project):
     app.registered_commands += area.commands.registered_commands
 
 
@@ -50,6 +50,11 @@ EXAMPLES: dict[str, list[str]] = {
     ],
     "envs": ["agentgym envs", "agentgym envs --base-port 9100"],
     "check-env": ["agentgym check-env http://127.0.0.1:8101"],
+    "generate": [
+        "agentgym generate  # after adding an env or changing a hosting.toml",
+        "agentgym generate --check",
+    ],
+    "new-env": ["agentgym new-env guess && agentgym generate && pytest envs/guess"],
     "eval": [
         "agentgym eval --env textworld --policy expert --n 8",
         "agentgym eval --env textworld --policy hf --model runs/<run> --n 4 --max-turns 3",

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 from py4j.protocol import Py4JError
 
 from agentgym.core import Task, TextEnv, Transition, resolve_split
+from agentgym.dialects import Dialect, closed_true
 from agentgym.envs.sciworld.gold import GOLD_PATHS
 from agentgym.envs.sciworld.jvm import Jvm, JvmFailed, JvmPool, JvmSettings, default_max_live, jvm_pool
 from agentgym.envs.sciworld.tasks import (
@@ -82,7 +83,7 @@ class SciWorldEnv(TextEnv):
     """
 
     name: ClassVar[str] = "sciworld"
-    compat_dialect: ClassVar[str] = "sciworld"
+    compat_dialect: ClassVar[Dialect] = Dialect(close=closed_true)  # agentenv-sciworld: {"id": N}
     description: ClassVar[str] = (
         "ScienceWorld: 30 elementary-science task types (changes of state, thermometers, "
         "circuits, classification, growing plants, chemistry, life stages, inclined planes, "

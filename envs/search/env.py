@@ -16,8 +16,10 @@ from typing import Any, ClassVar
 
 from agentgym.cache import cache_dir as agentgym_cache_dir
 from agentgym.core import Task, TaskListsMixin, TextEnv, Transition
+from agentgym.dialects import Dialect
 from agentgym.envs.search.answers import exact_match, f1_score, normalize_answer
 from agentgym.envs.search.data import Question
+from agentgym.envs.search.dialect import SEARCHQA_DIALECT
 from agentgym.envs.search.index import Hit
 from agentgym.envs.search.library import GeneratedSource, Library, UserSource, library
 from agentgym.envs.search.retrieval import Retriever, check_retriever
@@ -85,7 +87,7 @@ class SearchEnv(TaskListsMixin, TextEnv):
     )
     action_format: ClassVar[str] = "search[query] | open[doc_id] | answer[text]"
     default_max_turns: ClassVar[int] = DEFAULT_MAX_TURNS
-    compat_dialect: ClassVar[str] = "search"  # AgentGym's SearchQA server (servers/compat.py)
+    compat_dialect: ClassVar[Dialect] = SEARCHQA_DIALECT
 
     def __init__(
         self,

@@ -21,7 +21,9 @@ import httpx
 
 from agentgym.cache import cache_dir as agentgym_cache_dir
 from agentgym.core import WEB_PREFIX, Task, TaskListsMixin, TextEnv, Transition
+from agentgym.dialects import Dialect
 from agentgym.envs.webshop.browser import BrowserTab, Snapshot, browser_worker
+from agentgym.envs.webshop.dialect import WEBSHOP_DIALECT
 from agentgym.envs.webshop.goals import Goal
 from agentgym.envs.webshop.shop import (
     BadAction,
@@ -182,7 +184,7 @@ class WebShopEnv(TaskListsMixin, TextEnv):
     )
     action_format: ClassVar[str] = "search[query] or click[element], e.g. click[buy now]"
     default_max_turns: ClassVar[int] = 15
-    compat_dialect: ClassVar[str] = "webshop"
+    compat_dialect: ClassVar[Dialect] = WEBSHOP_DIALECT
 
     def __init__(
         self,

@@ -1,0 +1,121 @@
+"""``agentgym generate`` and ``new-env``: the files written from the registry, and a new env's folder."""
+
+from __future__ import annotations
+
+import keyword
+import re
+import subprocess
+import sys
+from importlib.resources import files
+from pathlib import Path
+from string import Template
+from typing import Annotated
+
+import typer
+
+from agentgym import registry
+from agentgym.cli.common import EXIT_USAGE, console, fail
+
+commands = typer.Typer()
+
+SOURCE_TREE = Path(__file__).resolve().parents[2]
+"""The checkout this package runs from (an editable install), where generated files live."""
+TEMPLATES = {
+    "__init__.py.tmpl": "__init__.py",
+    "env.py.tmpl": "env.py",
+    "README.md.tmpl": "README.md",
+    "recipe.yaml.tmpl": "recipe.yaml",
+    "hosting.toml.tmpl": "hosting.toml",
+    "test_env.py.tmpl": "tests/test_{name}_env.py",
+}
+REGISTRY_END = re.compile(r"(_BUILTIN: dict\[str, str\] = \{\n(?:    .*\n)*?)(\})")
+
+
+def _checkout(root: Path | None) -> Path:
+    root = root or SOURCE_TREE
+    if not (root / "envs").is_dir() or not (root / "agentgym" / "registry.py").is_file():
+        raise fail(
+            f"{root} is not an AgentGym checkout (no envs/ or agentgym/registry.py); give --root", EXIT_USAGE
+        )
+    return root
+
+
+@commands.command()
+def generate(
+    check: Annotated[bool, typer.Option("--check", help="Write nothing; exit 1 if a file is stale.")] = False,
+    root: Annotated[
+        Path | None, typer.Option(help="The checkout (default: the one this package runs from).")
+    ] = None,
+) -> None:
+    """Write the files made from the registry and each env's hosting.toml: compose.yaml, the
+    Dockerfile, docs/api.md and the docs' port table."""
+    from agentgym.servers.deploy import generated_files
+
+    stale = []
+    for path, render in generated_files(_checkout(root)).items():
+        content = render()
+        if path.exists() and path.read_text() == content:
+            continue
+        stale.append(path)
+        if not check:
+            path.write_text(content)
+    for path in stale:
+        console.print(f"{'stale' if check else 'wrote'} {path}")
+    if check and stale:
+        raise typer.Exit(1)
+    if not stale:
+        console.print("every generated file is current")
+
+
+@commands.command("new-env")
+def new_env(
+    name: Annotated[
+        str, typer.Argument(help="The new env's name: lower case, digits and _ (a Python identifier).")
+    ],
+    root: Annotated[
+        Path | None, typer.Option(help="The checkout (default: the one this package runs from).")
+    ] = None,
+) -> None:
+    """Make envs/NAME (a working number-guessing env with its page, training layer, hosting
+    declaration and test), register it, and regenerate the deployment files."""
+    root = _checkout(root)
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", name) or keyword.iskeyword(name):
+        raise fail(
+            f"{name!r} is not a valid env name: lower case letters, digits and _, starting with a letter",
+            EXIT_USAGE,
+        )
+    if name in registry.names() or (root / "envs" / name).exists():
+        raise fail(f"env {name!r} exists already", EXIT_USAGE)
+    _write_folder(root / "envs" / name, name)
+    _register(root / "agentgym" / "registry.py", name)
+    # A new process: this one's registry was read before the line was added.
+    # (`-m` puts the working directory first on the path: run it in the checkout itself)
+    subprocess.run(
+        [sys.executable, "-m", "agentgym.cli", "generate", "--root", str(root)], cwd=root, check=True
+    )
+    console.print(f"made envs/{name}/, registered {name!r}; try it: pytest envs/{name}")
+
+
+def _write_folder(folder: Path, name: str) -> None:
+    words = {
+        "name": name,
+        "Class": _class_name(name),
+        "Title": name.replace("_", " ").capitalize(),
+        "description": "Guess a secret number from higher/lower hints (a new env's starting point).",
+    }
+    templates = files("agentgym.cli.new_env")
+    for template, target in TEMPLATES.items():
+        path = folder / target.format(name=name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(Template(templates.joinpath(template).read_text()).substitute(words))
+
+
+def _class_name(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_")) + "Env"
+
+
+def _register(registry_file: Path, name: str) -> None:
+    """Append the env's line to ``_BUILTIN`` (the registry's only hand-kept list)."""
+    source = registry_file.read_text()
+    line = f'    "{name}": "agentgym.envs.{name}:{_class_name(name)}",\n'
+    registry_file.write_text(REGISTRY_END.sub(lambda m: m.group(1) + line + m.group(2), source, count=1))

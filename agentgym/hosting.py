@@ -1,0 +1,93 @@
+"""How each built-in env is hosted: its folder's ``hosting.toml``.
+
+One declaration per env (``envs/NAME/hosting.toml``) says what its server needs beyond
+the package: the pip extra its image installs, the Debian packages, the default session
+cap and the ``--set`` settings a deployment passes. ``agentgym generate`` writes
+``compose.yaml``, the Dockerfile's per-env stages and the port tables from these and the
+registry's order; the Makefile reads the extras and packages to install. Standard library
+only: ``python3 agentgym/hosting.py extras|apt`` runs before any venv exists.
+"""
+
+from __future__ import annotations
+
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FILE = "hosting.toml"
+DEFAULT_MAX_SESSIONS = 64
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A ``--set NAME=...`` a deployment passes, read from an environment variable."""
+
+    name: str
+    variable: str
+    default: str | int | float
+
+
+@dataclass(frozen=True)
+class Hosting:
+    env: str
+    extra: str | None = None
+    """The pip extra its server needs (its Docker image's name); None: the core image."""
+    apt: tuple[str, ...] = ()
+    """Debian packages its server needs (installed in its image and by ``make setup``)."""
+    max_sessions: int = DEFAULT_MAX_SESSIONS
+    """The default session cap of a deployed server."""
+    settings: tuple[Setting, ...] = field(default=())
+    note: str = ""
+    """Why its image or settings are as they are (a comment in the generated files)."""
+
+    @property
+    def image(self) -> str:
+        """The Dockerfile target and image its server runs in."""
+        return self.extra or "core"
+
+
+def read(env: str, path: Path) -> Hosting:
+    """The declaration in ``path`` (an env folder's ``hosting.toml``); a clear error for a bad one."""
+    try:
+        data = tomllib.loads(path.read_text())
+        settings = tuple(Setting(name, **spec) for name, spec in data.pop("settings", {}).items())
+        return Hosting(env=env, apt=tuple(data.pop("apt", ())), settings=settings, **data)
+    except (tomllib.TOMLDecodeError, TypeError) as exc:
+        raise ValueError(f"{path}: not a valid hosting declaration: {exc}") from exc
+
+
+def folder_hosting(folder: Path) -> Hosting:
+    """An env folder's declaration (an env without ``hosting.toml`` needs nothing beyond the core)."""
+    path = folder / FILE
+    return read(folder.name, path) if path.exists() else Hosting(env=folder.name)
+
+
+def of(env: str) -> Hosting:
+    """Built-in env ``env``'s declaration, from its installed folder."""
+    from importlib.resources import files
+
+    return folder_hosting(Path(str(files(f"agentgym.envs.{env}"))))
+
+
+def _source_tree() -> list[Hosting]:
+    """Every env folder's declaration in this source tree (before anything is installed)."""
+    envs = Path(__file__).resolve().parents[1] / "envs"
+    return [folder_hosting(folder) for folder in sorted(envs.iterdir()) if (folder / "__init__.py").exists()]
+
+
+def main(argv: list[str]) -> int:
+    """``extras``: the env extras, comma-separated; ``apt``: their Debian packages, one line."""
+    declared = _source_tree()
+    if argv == ["extras"]:
+        print(",".join(sorted({h.extra for h in declared if h.extra})))
+    elif argv == ["apt"]:
+        print(" ".join(sorted({p for h in declared for p in h.apt})))
+    else:
+        print("usage: python3 agentgym/hosting.py extras|apt", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
