@@ -1,7 +1,7 @@
 """The deployment files written from the registry and each env's ``hosting.toml``.
 
 ``agentgym generate`` writes them (``--check`` says which are stale; a test runs it):
-``compose.yaml``, ``docker/Dockerfile`` and the port tables in the docs. Nothing in them
+``compose.yaml``, ``docker/Dockerfile``, ``docs/api.md`` and the docs' port and env tables. Nothing in them
 is kept by hand per env: a new env's service, image and port come from its folder.
 """
 
@@ -243,6 +243,15 @@ def port_table() -> str:
     return "\n".join(["| " + " | ".join(row) + " |" for row in (head, ["---"] * len(head), ports)]) + "\n"
 
 
+def env_table() -> str:
+    """The markdown table of the built-in envs (docs/environments.md): page, port, what it is."""
+    rows = ["| env | page | port | what it is |", "| --- | --- | --- | --- |"]
+    for env in registry.builtin_names():
+        page = f"[envs/{env}/README.md](../envs/{env}/README.md)"
+        rows.append(f"| `{env}` | {page} | {port(env)} | {registry.resolve(env).description} |")
+    return "\n".join(rows) + "\n"
+
+
 def _between_markers(path: Path, name: str, body: Callable[[], str]) -> Callable[[], str]:
     """The file at ``path`` with the block between ``<!-- generated: NAME -->`` and
     ``<!-- end generated -->`` rewritten."""
@@ -265,5 +274,8 @@ def generated_files(root: Path) -> dict[Path, Callable[[], str]]:
         root / "docs" / "api.md": api_reference,
         root / "docs" / "deployment.md": _between_markers(
             root / "docs" / "deployment.md", "ports", port_table
+        ),
+        root / "docs" / "environments.md": _between_markers(
+            root / "docs" / "environments.md", "envs", env_table
         ),
     }

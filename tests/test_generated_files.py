@@ -71,7 +71,12 @@ def test_a_new_env_is_one_folder_and_one_line_and_is_served_and_checked(tmp_path
     changed = changed_files(ROOT, root)
     folder = {path for path in changed if path.startswith("envs/guess/")}
     assert folder >= {f"envs/guess/{name}" for name in ("env.py", "README.md", "hosting.toml", "recipe.yaml")}
-    assert changed - folder == {"agentgym/registry.py", "compose.yaml", "docs/deployment.md"}
+    assert changed - folder == {
+        "agentgym/registry.py",
+        "compose.yaml",
+        "docs/deployment.md",
+        "docs/environments.md",
+    }
     registry_diff = set((root / "agentgym/registry.py").read_text().splitlines()) ^ set(
         (ROOT / "agentgym/registry.py").read_text().splitlines()
     )
