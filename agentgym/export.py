@@ -45,7 +45,9 @@ def export_run(run: str | Path, out: str | Path, *, step: int | None = None) -> 
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
-        stop_where_the_run_stopped(loaded.model.generation_config, loaded.tokenizer, read_play(checkpoint.run))
+        stop_where_the_run_stopped(
+            loaded.model.generation_config, loaded.tokenizer, read_play(checkpoint.run)
+        )
         loaded.model.save_pretrained(staging, safe_serialization=True)
         loaded.tokenizer.save_pretrained(staging)
         (staging / "README.md").write_text(model_card(checkpoint, loaded.source.describe()))
@@ -68,7 +70,12 @@ def stop_where_the_run_stopped(generation: Any, tokenizer: Any, played: dict[str
     if played and played.get("max_new_tokens"):
         generation.max_new_tokens = int(played["max_new_tokens"])
     if played and played.get("temperature") == 0:
-        generation.do_sample, generation.temperature, generation.top_p, generation.top_k = False, None, None, None
+        generation.do_sample, generation.temperature, generation.top_p, generation.top_k = (
+            False,
+            None,
+            None,
+            None,
+        )
 
 
 def model_card(checkpoint: RunCheckpoint, source: dict[str, Any]) -> str:

@@ -47,6 +47,7 @@ from agentgym.errors import (
     UnknownTask,
     error_from_body,
 )
+from agentgym.mcp_client import McpEnvClient, is_mcp_url
 from agentgym.wire import Health, Metadata, SessionCreated, StepResult, TaskInfo, TaskList
 
 TASKS_PER_SPLIT = 100
@@ -70,10 +71,13 @@ def is_openenv_url(url: str) -> bool:
     return url.startswith(("ws://", "wss://"))
 
 
-def env_client(url: str, **kwargs: Any) -> AsyncEnvClient | OpenEnvClient:
+def env_client(url: str, **kwargs: Any) -> AnyEnvClient:
     """The async client for the env server at ``url``: OpenEnv's protocol for a WebSocket
-    URL, wire API v1 otherwise (same methods, same keyword arguments)."""
-    return OpenEnvClient(url, **kwargs) if is_openenv_url(url) else AsyncEnvClient(url, **kwargs)
+    URL, MCP for an HTTP URL whose path ends in ``/mcp`` (docs/mcp.md), wire API v1
+    otherwise (same methods, same keyword arguments)."""
+    if is_openenv_url(url):
+        return OpenEnvClient(url, **kwargs)
+    return McpEnvClient(url, **kwargs) if is_mcp_url(url) else AsyncEnvClient(url, **kwargs)
 
 
 def openenv_task_ids(split: str, count: int = TASKS_PER_SPLIT) -> list[str]:
@@ -324,3 +328,8 @@ def _json_or_text(response: httpx.Response) -> object:
         return response.json()
     except ValueError:
         return response.text
+
+
+AnyEnvClient = AsyncEnvClient | OpenEnvClient | McpEnvClient
+"""The async env clients: one interface (``health``, ``metadata``, ``tasks``, ``create``,
+``step``, ``delete``, ``close``), three protocols."""

@@ -38,9 +38,9 @@ import httpx
 
 from agentgym.agents import DEFAULT_FORMAT, AgentFormat, get_format, window, with_actions
 from agentgym.agents.tokens import TokenContext, oldest_version
-from agentgym.client import AsyncEnvClient, RetryPolicy
+from agentgym.client import RetryPolicy
 from agentgym.errors import AgentGymError, InvalidAction
-from agentgym.openenv_client import OpenEnvClient, env_client
+from agentgym.openenv_client import AnyEnvClient, env_client
 from agentgym.policies.base import Generation, GenerationRequest, Policy, SamplingParams
 from agentgym.trajectory import Trajectory
 from agentgym.wire import Metadata, StepResult
@@ -125,7 +125,7 @@ def env_error_kind(exc: BaseException) -> str:
 class RunContext:
     """What all episodes of one run share."""
 
-    client: AsyncEnvClient | OpenEnvClient
+    client: AnyEnvClient
     policy: Policy
     agent: AgentFormat
     config: RolloutConfig
@@ -477,7 +477,7 @@ class Rollouts:
         self.config = config or RolloutConfig()
         _check(self.config)
         self._token = token
-        self._client: AsyncEnvClient | OpenEnvClient | None = None
+        self._client: AnyEnvClient | None = None
         self._metadata: Metadata | None = None
         self._paused: list[Episode] = []
 
@@ -572,7 +572,7 @@ def _check(config: RolloutConfig) -> None:
 
 
 def _run_context(
-    client: AsyncEnvClient | OpenEnvClient, policy: Policy, config: RolloutConfig, metadata: Metadata
+    client: AnyEnvClient, policy: Policy, config: RolloutConfig, metadata: Metadata
 ) -> RunContext:
     agent = get_format(config.format)
     max_turns = config.max_turns or metadata.max_turns

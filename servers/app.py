@@ -21,18 +21,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentgym import registry
-from agentgym.core import WEB_PREFIX, TextEnv, resolve_split
+from agentgym.core import WEB_PREFIX, TextEnv
 from agentgym.errors import (
     AgentGymError,
     InvalidPayload,
     MethodNotAllowed,
     NotFound,
     SchemaError,
-    UnknownTask,
 )
 from agentgym.servers.compat import compat_router
-from agentgym.servers.episodes import play_step, reset_kwargs
+from agentgym.servers.episodes import play_step, reset_kwargs, start_session, task_page
 from agentgym.servers.http_protocol import LIMITS_STATE, REQUEST_TIMEOUT_S, RequestLimits
+from agentgym.servers.mcp import mcp_endpoint
 from agentgym.servers.metrics import CONTENT_TYPE, ServerMetrics
 from agentgym.servers.middleware import (
     ClientOf,
@@ -176,13 +176,16 @@ def create_app(config: ServerConfig) -> EnvServerApp:
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, Any]]:
         catalog.warm_up()
         await sessions.start()
-        yield {LIMITS_STATE: limits}  # the lifespan state is where our HTTP protocol reads them
+        async with mcp.running():
+            yield {LIMITS_STATE: limits}  # the lifespan state is where our HTTP protocol reads them
         await sessions.shutdown()
         catalog.close()
 
     def client_of(scope: Scope) -> str | None:
         """Whose quota a new session counts against (None: no quotas)."""
         return None if config.max_sessions_per_client is None else client_key(scope, config.quota_by_token)
+
+    mcp = mcp_endpoint(catalog, sessions, metrics, client_of, max_body_bytes=config.max_body_bytes)
 
     app = EnvServerApp(
         title=f"AgentGym env server: {config.env}",
@@ -205,6 +208,7 @@ def create_app(config: ServerConfig) -> EnvServerApp:
     app.include_router(compat_router(catalog, sessions, client_of))
     for router in openenv_routers(catalog, sessions, metrics, config.max_body_bytes, client_of):
         app.include_router(router)
+    app.router.routes.append(mcp.route())
     web_router = catalog.web_router()
     if web_router is not None:
         app.include_router(web_router, prefix=WEB_PREFIX, include_in_schema=False)
@@ -259,26 +263,13 @@ def _v1_router(
         limit: int = Query(100, ge=1, le=10_000),
     ) -> dict[str, Any]:
         """The fixed task lists, one split or all (split after split), paged by offset/limit."""
-        splits = catalog.splits()
-        split = None if split is None else resolve_split(split, splits)  # dev: validation
-        if split is not None and split not in splits:
-            raise UnknownTask(f"unknown split {split!r}; splits are {sorted(splits)}")
-        chosen = [t for s in ([split] if split else splits) for t in catalog.tasks(s)]
-        return {"tasks": [t.to_dict() for t in chosen[offset : offset + limit]], "total": len(chosen)}
+        return task_page(catalog, split, offset, limit)
 
     @router.post("/sessions", status_code=201, response_model=SessionCreated)
     async def create_session(request: Request, body: CreateSessionRequest | None = None) -> dict[str, Any]:
         """Open a session with its own engine and start an episode; 429 when at capacity."""
         kwargs = reset_kwargs(catalog, body)  # bad options are refused before an engine is built
-        session = await sessions.open(client=client_of(request.scope))
-        try:
-            observation, info = await sessions.call(
-                session, "reset", deadline=sessions.reset_deadline, **kwargs
-            )
-        except BaseException:
-            with contextlib.suppress(AgentGymError):
-                await sessions.close(session.session_id)
-            raise
+        session, observation, info = await start_session(sessions, kwargs, client=client_of(request.scope))
         return {"session_id": session.session_id, "observation": observation, "info": info}
 
     @router.post("/sessions/{session_id}/reset", response_model=ResetResult)

@@ -1,10 +1,13 @@
-"""Episode operations shared by wire API v1 and the OpenEnv protocol (one rule set, two shapes)."""
+"""Episode operations shared by wire API v1, the OpenEnv protocol and MCP (one rule set,
+several shapes)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
-from agentgym.core import TextEnv
+from agentgym.core import TextEnv, resolve_split
+from agentgym.errors import AgentGymError, UnknownTask
 from agentgym.servers.metrics import ServerMetrics
 from agentgym.servers.sessions import Session, SessionManager
 from agentgym.wire import CreateSessionRequest, ResetRequest
@@ -37,3 +40,28 @@ async def play_step(
         "truncated": truncated,
         "info": info,
     }
+
+
+def task_page(catalog: TextEnv, split: str | None, offset: int, limit: int) -> dict[str, Any]:
+    """v1's ``GET /tasks`` body: the tasks of one split or all (split after split), paged."""
+    splits = catalog.splits()
+    split = None if split is None else resolve_split(split, splits)  # dev: validation
+    if split is not None and split not in splits:
+        raise UnknownTask(f"unknown split {split!r}; splits are {sorted(splits)}")
+    chosen = [t for s in ([split] if split else splits) for t in catalog.tasks(s)]
+    return {"tasks": [t.to_dict() for t in chosen[offset : offset + limit]], "total": len(chosen)}
+
+
+async def start_session(
+    sessions: SessionManager, kwargs: dict[str, Any], *, client: str | None, owner: str | None = None
+) -> tuple[Session, str, dict[str, Any]]:
+    """Open a session and reset it with ``kwargs``: (session, observation, info). A reset
+    that fails closes the session again, so a bad task costs no slot."""
+    session = await sessions.open(client=client, owner=owner)
+    try:
+        observation, info = await sessions.call(session, "reset", deadline=sessions.reset_deadline, **kwargs)
+    except BaseException:
+        with contextlib.suppress(AgentGymError):
+            await sessions.close(session.session_id, owner)
+        raise
+    return session, observation, info

@@ -27,6 +27,9 @@ works unchanged. The gateway is a plain reverse proxy on ``httpx.AsyncClient``:
   with the replica's close code, or 1012 when the replica is lost. Its HTTP
   ``/envs/{env}/openenv/reset|step|state`` keep affinity like v1 sessions (the
   ``session_id`` in their bodies gets the replica's key).
+* **MCP** (docs/mcp.md): ``/envs/{env}/mcp`` keeps affinity by its ``Mcp-Session-Id``
+  header: the initialize (no session yet) goes to the best replica, and the session id it
+  answers gets the replica's key, so every later request of the MCP session lands there.
 * Anything else under ``/envs/{env}/`` (``/metadata``, ``/tasks``, ``/openapi.json``, an
   env's web pages) goes to any healthy replica: those answers are the same on each.
 * **Nothing reaches past a replica's base URL.** Dot segments (``..``, also spelled
@@ -87,6 +90,16 @@ bytes both ways: a value that is not ASCII (``X-Name: café``) passes as the ser
 
 COMPAT_ID_ROUTES = {"step", "reset", "close", "observation", "available_actions"}
 """AgentGym-compatible routes whose request names a session by integer ``id``/``env_idx``."""
+
+
+def _names_a_compat_session(request: Request) -> bool:
+    """A GET naming a session by ``?id=`` or ``?env_idx=``: a dialect's own extra route
+    (TextCraft's ``/commands``), which must reach the replica holding that session."""
+    return request.method == "GET" and not {"id", "env_idx"}.isdisjoint(request.query_params)
+
+
+MCP_SESSION_HEADER = b"mcp-session-id"
+"""The header that names an MCP session (its id gets the replica's key, as v1 session ids)."""
 
 OPENENV_SESSION_ROUTES = {"openenv/reset", "openenv/step", "openenv/state"}
 """OpenEnv's HTTP routes that name a session by ``session_id`` (query for GET, JSON body otherwise)."""
@@ -261,16 +274,25 @@ class Gateway:
     # ----- forwarding ---------------------------------------------------------------
 
     async def send(
-        self, replica: Replica, request: Request, path: str, *, body: bytes | None = None, params: Any = None
+        self,
+        replica: Replica,
+        request: Request,
+        path: str,
+        *,
+        body: bytes | None = None,
+        params: Any = None,
+        headers: dict[bytes, bytes] | None = None,
     ) -> httpx.Response:
-        """Forward ``request`` to ``replica`` at ``path`` (already quoted; body and query may
-        be replaced); the answer is streamed. Raises :class:`EngineError` (503) if the
-        replica is unreachable."""
+        """Forward ``request`` to ``replica`` at ``path`` (already quoted; body, query and
+        some ``headers`` may be replaced); the answer is streamed. Raises
+        :class:`EngineError` (503) if the replica is unreachable."""
+        replaced = headers or {}
+        kept = forwarded_headers(request.scope, lambda name: name not in HOP_BY_HOP and name not in replaced)
         upstream = self.http.build_request(
             request.method,
             replica.url + path,
             params=request.query_params if params is None else params,
-            headers=forwarded_headers(request.scope, lambda name: name not in HOP_BY_HOP),
+            headers=kept + list(replaced.items()),
             content=await request.body() if body is None else body,
         )
         try:
@@ -445,6 +467,22 @@ class Gateway:
         replica, local_id = self._session_home(env, session_id)
         return replica, fields | {"session_id": local_id}
 
+    # ----- MCP --------------------------------------------------------------------------
+
+    async def mcp_call(self, env: str, request: Request) -> Response:
+        """An MCP request: one without a session (the initialize) opens it on the best
+        replica; the rest go to the replica named by the key in their ``Mcp-Session-Id``
+        (``passthrough`` puts the key into the id a replica answers)."""
+        given = request.headers.get(MCP_SESSION_HEADER.decode())
+        if given is None:
+            replica, upstream = await self._place(env, request, "/mcp")
+        else:
+            replica, local_id = self._session_home(env, given)
+            upstream = await self.send(
+                replica, request, "/mcp", headers={MCP_SESSION_HEADER: local_id.encode()}
+            )
+        return await passthrough(upstream, replica)
+
     # ----- helpers ----------------------------------------------------------------------
 
     def _session_home(self, env: str, session_id: str) -> tuple[Replica, str]:
@@ -496,7 +534,8 @@ class Gateway:
 
 async def passthrough(upstream: httpx.Response, replica: Replica) -> Response:
     """Stream a replica's answer back as it is (status, raw headers and bytes), except that
-    a redirect names the gateway's URL, never the replica's."""
+    a redirect names the gateway's URL, never the replica's, and an MCP session id gets the
+    replica's key."""
     # A body already read (a compat probe's 404) goes out as read.
     body = iter([upstream.content]) if upstream.is_stream_consumed else upstream.aiter_raw()
     response = StreamingResponse(
@@ -505,10 +544,12 @@ async def passthrough(upstream: httpx.Response, replica: Replica) -> Response:
     response.raw_headers = []
     for name, value in upstream.headers.raw:
         name = name.lower()
+        if name == b"location":
+            value = _public_location(replica, value)
+        elif name == MCP_SESSION_HEADER:
+            value = f"{replica.key}-".encode() + value
         if name not in HOP_BY_HOP - {b"content-length"}:
-            response.raw_headers.append(
-                (name, _public_location(replica, value) if name == b"location" else value)
-            )
+            response.raw_headers.append((name, value))
     return response
 
 
@@ -691,10 +732,12 @@ def create_gateway_app(config: GatewayConfig) -> FastAPI:
 
     @app.api_route("/envs/{env}/{path:path}", methods=any_method)
     async def other(env: str, path: str, request: Request) -> Response:
-        if path in COMPAT_ID_ROUTES:
+        if path in COMPAT_ID_ROUTES or _names_a_compat_session(request):
             return await gateway.compat_call(env, path, request)
         if path in OPENENV_SESSION_ROUTES:
             return await gateway.openenv_call(env, path, request)
+        if path == "mcp":
+            return await gateway.mcp_call(env, request)
         return await gateway.any_replica(env, f"/{path}", request)
 
     return app

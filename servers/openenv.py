@@ -170,7 +170,7 @@ class OpenEnvProtocol:
         return _observation(observation, 0.0, False, False, info) | {"reward": None}
 
     async def step(self, session: Session, action: dict[str, Any]) -> dict[str, Any]:
-        command = self.catalog.validate_action(_parse(TextAction, action).action)
+        command = self.catalog.validate_action(parse_model(TextAction, action).action)
         result = await play_step(self.sessions, self.metrics, session, command)
         return _observation(**result)
 
@@ -197,7 +197,7 @@ def _observation(
     }
 
 
-def _parse(model: type[BaseModel], data: object) -> Any:
+def parse_model(model: type[BaseModel], data: object) -> Any:
     """``data`` as ``model``, or SchemaError (422 / ``VALIDATION_ERROR``)."""
     try:
         return model.model_validate(data)
@@ -267,7 +267,7 @@ async def _answer(protocol: OpenEnvProtocol, session: Session, request: dict[str
     data = request.get("data", {})
     match request["type"]:
         case "reset":
-            kwargs = protocol.reset_kwargs(_parse(OpenEnvReset, data))
+            kwargs = protocol.reset_kwargs(parse_model(OpenEnvReset, data))
             return {"type": "observation", "data": await protocol.reset(session, kwargs)}
         case "step":
             return {"type": "observation", "data": await protocol.step(session, data)}

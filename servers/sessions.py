@@ -144,6 +144,9 @@ class Session:
     """Integer id for the AgentGym-compatible routes: only sessions created there have one."""
     client: str | None = None
     """Whose quota the session counts against (``SessionManager.max_per_client``)."""
+    owner: str | None = None
+    """Who alone may name the session: None for sessions any holder of the id may use (v1,
+    OpenEnv, AgentGym), else a key that every lookup must give (an MCP session's)."""
     created_at: float = field(default_factory=time.time)
     last_active: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -230,16 +233,19 @@ class SessionManager:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
-        for session_id in list(self._sessions):
+        for session in list(self._sessions.values()):
             with contextlib.suppress(UnknownSession):  # closed meanwhile by a request
-                await self.close(session_id)
+                await self.close(session.session_id, owner=session.owner)
         await self.host.shutdown()
 
     # ----- sessions -----------------------------------------------------------------
 
-    async def open(self, *, client: str | None = None, compat: bool = False) -> Session:
+    async def open(
+        self, *, client: str | None = None, compat: bool = False, owner: str | None = None
+    ) -> Session:
         """Build a session with a fresh engine and no episode yet, counted against
-        ``client``'s quota; ``compat``: give it an integer id (AgentGym's ``/create``)."""
+        ``client``'s quota; ``compat``: give it an integer id (AgentGym's ``/create``);
+        ``owner``: only lookups that give it find the session (:attr:`Session.owner`)."""
         self._reserve_slot(client)
         try:
             env = await self._build()
@@ -248,7 +254,8 @@ class SessionManager:
             raise
         finally:
             self._reserved -= 1
-        session = Session(uuid.uuid4().hex, env, self._new_compat_id() if compat else None, client)
+        compat_id = self._new_compat_id() if compat else None
+        session = Session(uuid.uuid4().hex, env, compat_id, client, owner)
         self._sessions[session.session_id] = session
         if session.compat_id is not None:
             self._by_compat_id[session.compat_id] = session.session_id
@@ -265,9 +272,11 @@ class SessionManager:
             self.stats.engine_errors += 1
             raise EngineError(f"could not start the environment engine: {exc}") from exc
 
-    def get(self, session_id: str) -> Session:
+    def get(self, session_id: str, owner: str | None = None) -> Session:
+        """The live session ``session_id`` if ``owner`` is its owner (an owned session is
+        refused exactly as one that does not exist)."""
         session = self._sessions.get(session_id)
-        if session is None:
+        if session is None or session.owner != owner:
             reason = self._lost.pop(session_id, None)
             if reason is not None:
                 raise EngineError(f"the session was closed: {reason}")
@@ -319,8 +328,8 @@ class SessionManager:
             finally:
                 session.last_active = time.monotonic()
 
-    async def close(self, session_id: str) -> None:
-        session = self.get(session_id)
+    async def close(self, session_id: str, owner: str | None = None) -> None:
+        session = self.get(session_id, owner)
         async with session.lock:
             if session.closed:  # a concurrent close got the lock first: only one 204
                 raise UnknownSession(f"session {session_id!r} was closed")

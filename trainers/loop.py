@@ -28,9 +28,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from agentgym.client import EnvClient
-from agentgym.errors import UnknownTask
-from agentgym.openenv_client import is_openenv_url, openenv_task_ids
+from agentgym.core import resolve_split
+from agentgym.openenv_client import env_client, is_openenv_url, openenv_task_ids
 from agentgym.policies.hf import HFPolicy
 from agentgym.progress import progress as progress_display
 from agentgym.run_folder import MetricsLog, RunDir, write_play
@@ -307,18 +306,16 @@ class Trainer:
             self.train_tasks, self.test_tasks = openenv_task_ids("train"), openenv_task_ids("test")
             self.validation_tasks = openenv_task_ids("validation")
             return
-        with EnvClient(self.url) as client:
-            splits = client.metadata().splits
-            for split in ("train", "test"):
-                if not splits.get(split):
-                    raise SetupError(
-                        f"env {self.config.env!r} has no {split} tasks (its splits: {splits or 'none'}): "
-                        "training draws its episodes from train and reports on test; give the env "
-                        "both splits (docs/environments.md)"
-                    )
-            self.train_tasks = [t.task_id for t in client.tasks(split="train", limit=10_000).tasks]
-            self.test_tasks = [t.task_id for t in client.tasks(split="test", limit=10_000).tasks]
-            self.validation_tasks = _validation_ids(client)
+        splits, ids = self.complete(split_task_ids(self.url))  # wire API v1 or MCP (env_client)
+        for split in ("train", "test"):
+            if split not in ids:
+                raise SetupError(
+                    f"env {self.config.env!r} has no {split} tasks (its splits: {splits or 'none'}): "
+                    "training draws its episodes from train and reports on test; give the env "
+                    "both splits (docs/environments.md)"
+                )
+        self.train_tasks, self.test_tasks = ids["train"], ids["test"]
+        self.validation_tasks = ids.get("validation", [])  # never the test split's
 
     def _restore(self) -> int:
         """First step to run: 1, or the step after the newest complete checkpoint (ValueError
@@ -340,12 +337,17 @@ class Trainer:
         return None
 
 
-def _validation_ids(client: EnvClient) -> list[str]:
-    """The validation split's task ids ([] for an env without one: never the test split's)."""
-    try:
-        return [t.task_id for t in client.tasks(split="validation", limit=10_000).tasks]
-    except UnknownTask:
-        return []
+async def split_task_ids(url: str) -> tuple[dict[str, int], dict[str, list[str]]]:
+    """The env's splits, and the task ids of those of its train, test and validation splits
+    that have tasks."""
+    async with env_client(url) as client:
+        splits = (await client.metadata()).splits
+        ids = {}
+        for name in ("train", "test", "validation"):
+            split = resolve_split(name, splits)  # dev: validation
+            if splits.get(split):
+                ids[name] = [t.task_id for t in (await client.tasks(split=split, limit=10_000)).tasks]
+    return splits, ids
 
 
 def _idle_share(since: Any) -> float:

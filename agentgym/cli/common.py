@@ -76,11 +76,13 @@ def run_uvicorn(application: Any, sock: socket.socket, host: str, port: int, log
 
 
 def require_env(name: str, url: str | None = None) -> None:
-    """Exit 2 unless ``name`` is a registered env. An OpenEnv server (``url`` a ws:// URL)
-    serves an env of its own: its name is checked against the server's instead."""
+    """Exit 2 unless ``name`` is a registered env. An OpenEnv server (``url`` a ws:// URL) or
+    an MCP server (a URL ending in /mcp) may serve an env of its own: its name is checked
+    against the server's instead."""
+    from agentgym.mcp_client import is_mcp_url
     from agentgym.openenv_client import is_openenv_url
 
-    if url is not None and is_openenv_url(url):
+    if url is not None and (is_openenv_url(url) or is_mcp_url(url)):
         return
     try:
         registry.resolve(name)
@@ -105,7 +107,8 @@ EnvUrlOpt = Annotated[
     typer.Option(
         "--url",
         help="Env server URL (default: start a local server for ENV, stop it after); "
-        "ws://HOST:PORT: an OpenEnv server (docs/openenv.md).",
+        "ws://HOST:PORT: an OpenEnv server (docs/openenv.md); http://HOST:PORT/.../mcp: an MCP "
+        "server (docs/mcp.md).",
     ),
 ]
 TokenOpt = Annotated[

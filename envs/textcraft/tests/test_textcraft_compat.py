@@ -98,3 +98,21 @@ def test_textcraft_client_plays_the_goal_it_asked_for(url: str) -> None:
         assert detail == {"observation": local, "reward": 1.0, "done": True, "deleted": False}
         assert client.post("close", {}) is True
         assert http.get(f"{url}/observation?id={client.env_id}").status_code == 404
+
+
+def test_its_extra_routes_reach_the_replica_holding_the_session_through_the_gateway() -> None:
+    """``GET /commands?id=N`` is TextCraft's own route: the gateway sends it where session N is."""
+    from agentgym.servers.gateway import GatewayConfig, create_gateway_app
+
+    with (
+        serve_in_thread(ServerConfig(env="textcraft")) as one,
+        serve_in_thread(ServerConfig(env="textcraft")) as two,
+        serve_in_thread(create_gateway_app(GatewayConfig({"textcraft": [one, two]}))) as gateway,
+        httpx.Client(base_url=f"{gateway}/envs/textcraft", timeout=30) as http,
+    ):
+        ids = [http.post("/create", json={}).json()["id"] for _ in range(4)]
+        held = {url: httpx.get(f"{url}/health").json()["sessions"] for url in (one, two)}
+        assert sorted(held.values()) == [2, 2], held  # the sessions are spread over both
+        for compat_id in ids:
+            commands = http.get("/commands", params={"id": compat_id})
+            assert commands.status_code == 200 and "craft" in json.dumps(commands.json()), commands.text
