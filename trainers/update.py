@@ -114,9 +114,8 @@ def clipped_update(
             dual_clip=config.dual_clip,
         )
         # The end token the constrained decoder forced after a complete command carries no RL
-        # gradient; without this term the model forgets to end a reply by itself (P(end |
-        # complete command) fell from 0.83 after cloning to 0.03 after RL) and runs on outside
-        # the decoder.
+        # gradient; without this term the model loses the habit of ending a reply by itself and
+        # runs on outside the decoder (`take iron take iron ...`; bench/RESULTS.md).
         loss = loss - config.entropy_coef * entropy - config.forced_end_coef * forced_end_logp
         if kl_coef:
             loss = loss + kl_coef * kl_k3(logp, learner.reference_logprobs(micro))
