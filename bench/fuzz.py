@@ -34,10 +34,10 @@ from pathlib import Path
 
 import httpx
 
+from agentgym import registry
 from agentgym.envs.textworld.env import META_VERBS
 from agentgym.servers.launcher import ServerProcess, start_gateway_process, start_server_process, wait_healthy
 
-ENVS = ["choice", "math", "textworld", "search", "webshop", "sciworld"]
 SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
 
 
@@ -138,7 +138,7 @@ def start(envs: list[str]) -> list[ServerProcess]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--envs", nargs="+", default=ENVS)
+    parser.add_argument("--envs", nargs="+", default=registry.builtin_names())
     parser.add_argument("--examples", type=int, default=50, help="Examples per API operation.")
     parser.add_argument("--json", help="Also write the figures here.")
     args = parser.parse_args()
