@@ -15,7 +15,7 @@ from pathlib import Path
 
 from agentgym import hosting, registry
 from agentgym.servers.apidoc import api_reference
-from agentgym.servers.launcher import BASE_PORT, ENV_PORT_OFFSETS, PLUGIN_OFFSETS
+from agentgym.servers.launcher import BASE_PORT, PLUGIN_OFFSETS, default_port
 
 GATEWAY_SERVICE = "envs"
 
@@ -134,7 +134,8 @@ def declarations() -> list[hosting.Hosting]:
 
 
 def port(env: str) -> int:
-    return BASE_PORT + ENV_PORT_OFFSETS[env]
+    """``env``'s port at the default base: generated files never follow ``$AGENTGYM_BASE_PORT``."""
+    return default_port(env, BASE_PORT)
 
 
 def _quoted(items: list[str]) -> str:
