@@ -70,6 +70,15 @@ def of(env: str) -> Hosting:
     return folder_hosting(Path(str(files(f"agentgym.envs.{env}"))))
 
 
+def session_cap(env: str) -> int:
+    """The session cap a server of ``env`` starts with unless told: its folder's
+    declaration, else the default (a plug-in env has no folder here)."""
+    try:
+        return of(env).max_sessions
+    except ModuleNotFoundError:
+        return DEFAULT_MAX_SESSIONS
+
+
 def _source_tree() -> list[Hosting]:
     """Every env folder's declaration in this source tree (before anything is installed)."""
     envs = Path(__file__).resolve().parents[1] / "envs"

@@ -29,6 +29,7 @@ from agentgym.errors import (
     NotFound,
     SchemaError,
 )
+from agentgym.hosting import DEFAULT_MAX_SESSIONS
 from agentgym.servers.compat import compat_router
 from agentgym.servers.episodes import play_step, reset_kwargs, start_session, task_page
 from agentgym.servers.http_protocol import LIMITS_STATE, REQUEST_TIMEOUT_S, RequestLimits
@@ -70,7 +71,7 @@ class ServerConfig:
     """Registered environment name."""
     env_config: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the environment's constructor."""
-    max_sessions: int = 64
+    max_sessions: int = DEFAULT_MAX_SESSIONS
     """Live sessions at most; more creates get 429 with Retry-After."""
     ttl: float = 600.0
     """Idle seconds after which a session is closed and its engine freed."""

@@ -93,32 +93,23 @@ def compat_router(catalog: TextEnv, sessions: SessionManager, client_of: ClientO
             return agentgym_task(body.id)
         return agentgym_task(0) if dialect.create_starts else None
 
-    if dialect.create_loads_task or dialect.create_starts:
-
-        @router.post("/create")
-        async def create_and_load(request: Request, body: CompatCreate | None = None) -> Any:
-            """Open a session; with ``{"id": k}``, load AgentGym's item ``k`` into it (or
-            task 0, where AgentGym's server starts an episode at ``/create``)."""
-            task = task_to_create(body)
-            session = await sessions.open(client=client_of(request.scope), compat=True)
-            observation = ""
-            if task is not None:
-                try:
-                    observation, _ = await start(session, task.task_id)
-                except Exception:
-                    await sessions.close(session.session_id)
-                    raise
-            if dialect.create_starts:
-                return dialect.create_starts(session.compat_id, observation)
-            return dialect.create(session.compat_id)
-    else:
-
-        @router.post("/create")
-        async def create(request: Request) -> Any:
-            """Open a session with no episode yet; answers its integer id in this env's
-            dialect: random in [1, 2^53), it names only this session."""
-            session = await sessions.open(client=client_of(request.scope), compat=True)
-            return dialect.create(session.compat_id)
+    @router.post("/create")
+    async def create(request: Request, body: CompatCreate | None = None) -> Any:
+        """Open a session; its integer id (random in [1, 2^53)) names only this session.
+        Where AgentGym's server of this env starts an episode at ``/create``, task 0 (or
+        ``{"id": k}``: AgentGym's item ``k``) is loaded into it."""
+        task = task_to_create(body)
+        session = await sessions.open(client=client_of(request.scope), compat=True)
+        observation = ""
+        if task is not None:
+            try:
+                observation, _ = await start(session, task.task_id)
+            except Exception:
+                await sessions.close(session.session_id)
+                raise
+        if dialect.create_starts:
+            return dialect.create_starts(session.compat_id, observation)
+        return dialect.create(session.compat_id)
 
     @router.post("/reset")
     async def reset(body: CompatReset) -> Any:

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from agentgym.core import TextEnv
 from agentgym.errors import AgentGymError, AtCapacity, EngineError, UnknownSession
+from agentgym.hosting import DEFAULT_MAX_SESSIONS
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +187,7 @@ class SessionManager:
         self,
         host: EngineHost,
         *,
-        max_sessions: int = 64,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
         ttl: float = 600.0,
         step_deadline: float | None = None,
         reset_deadline: float | None = None,

@@ -12,6 +12,7 @@ import psutil
 from conftest import read_until, stop_with_ctrl_c
 from typer.testing import CliRunner
 
+from agentgym import hosting
 from agentgym.cli import app
 from agentgym.servers.launcher import ENV_PORT_OFFSETS, free_port, start_server_process, wait_healthy
 
@@ -42,6 +43,19 @@ def test_serve_process_answers_and_stops_on_sigint() -> None:
     try:
         wait_healthy(server.url, 120, server.process)
         assert httpx.get(f"{server.url}/health").json()["env"] == "textworld"
+    finally:
+        assert server.stop() == 0
+
+
+def test_serve_takes_its_session_cap_from_the_env_hosting_declaration() -> None:
+    """sciworld's folder declares a low cap (a JVM per session): `serve` starts with it
+    unless told otherwise, as the generated compose file does."""
+    declared = hosting.of("sciworld").max_sessions
+    assert declared != hosting.DEFAULT_MAX_SESSIONS
+    server = start_server_process("sciworld", extra_args=["--warm", "0", "--log-level", "warning"])
+    try:
+        wait_healthy(server.url, 120, server.process)
+        assert httpx.get(f"{server.url}/health").json()["capacity"] == declared
     finally:
         assert server.stop() == 0
 

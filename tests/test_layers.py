@@ -193,3 +193,12 @@ def test_the_check_catches_a_forbidden_import(module: str, source: str, expected
         added["agentgym/leak.py"] = "from agentgym import wire\n"
     new = house_breaks(added) - house_breaks()
     assert any(expected in line for line in new), new
+
+
+MAX_MODULE_LINES = 500
+"""A room a newcomer reads in one sitting; past it, a module holds more than one job."""
+
+
+def test_no_module_outside_tests_is_over_the_size_limit() -> None:
+    sizes = {name: len(path.read_text().splitlines()) for name, path in modules(package_folders()).items()}
+    assert {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES} == {}

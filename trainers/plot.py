@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from agentgym.run_folder import BY_PHASE, OUTCOMES, PANELS, RATES, series
+from agentgym.curves import BY_PHASE, OUTCOMES, PANELS, RATES, series
 
 RATE_LIMITS = (-0.02, 1.02)
 """The 0..1 axis, with room for markers at 0 and 1."""

@@ -15,7 +15,7 @@ import typer
 import yaml
 from rich.table import Table
 
-from agentgym import registry
+from agentgym import hosting, registry
 from agentgym.cli.common import (
     EXIT_USAGE,
     FdOpt,
@@ -48,7 +48,13 @@ def serve(
             help="TCP port (default: the env's port in the scheme of `agentgym envs`, textworld 8101).",
         ),
     ] = None,
-    max_sessions: Annotated[int, typer.Option(min=1, help="Live sessions at most (429 beyond).")] = 64,
+    max_sessions: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Live sessions at most (429 beyond; default: the env's hosting.toml, else 64).",
+        ),
+    ] = None,
     ttl: Annotated[float, typer.Option(min=1, help="Idle seconds before a session is closed.")] = 600.0,
     token: Annotated[
         str | None, typer.Option(envvar="AGENTGYM_TOKEN", help="Require this bearer token.")
@@ -99,7 +105,7 @@ def serve(
     config = ServerConfig(
         env=env,
         env_config=env_config,
-        max_sessions=max_sessions,
+        max_sessions=max_sessions or hosting.session_cap(env),
         ttl=ttl,
         token=token,
         max_body_bytes=max_body_bytes,

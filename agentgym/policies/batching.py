@@ -32,14 +32,27 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers.cache_utils import DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from agentgym.policies.base import Generation, SamplingParams
+from agentgym.policies.live_batch import (
+    LiveBatch,
+    Row,
+    allowed_tokens,
+    fail,
+    left_padded,
+    merge,
+    mergeable,
+    pad_left,
+    select,
+    stamp,
+    started,
+)
 from agentgym.policies.prefix_cache import CachedPrefix, PrefixCache
 from agentgym.policies.sampling import sample_next
 
@@ -69,55 +82,6 @@ class BatcherStats:
     """Tokens sampled."""
     max_rows: int = 0
     """Largest live batch seen."""
-
-
-@dataclass(eq=False)
-class _Row:
-    prompt_ids: list[int]
-    sampling: SamplingParams
-    future: Future
-    generator: torch.Generator | None
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    """Per sampled token: the weights version of the forward that gave its logits."""
-    logits_version: int = 0
-    """The weights version of the forward that computed this row's current logits."""
-    text: str | None = None
-    """Set when a stop string cut the reply: the text before it."""
-    kv_version: int | None = None
-    """The weights version of every forward that wrote this row's cache, or -1 if they
-    differed (then the cache is not reusable)."""
-    choices: list[list[int]] | None = None
-    """Constrained rows: the token sequences the reply may still become (each ends with a
-    stop id); None: any reply."""
-
-    def allowed_next(self) -> list[int] | None:
-        """Constrained rows: the tokens that keep the reply on one of its choices."""
-        if self.choices is None:
-            return None
-        return sorted({choice[len(self.token_ids)] for choice in self.choices})
-
-    def keep_choices_after(self, token: int) -> None:
-        if self.choices is not None:
-            position = len(self.token_ids) - 1
-            self.choices = [c for c in self.choices if c[position] == token]
-
-    @property
-    def last_position(self) -> int:
-        """Position id of the newest token (the next decode input)."""
-        return len(self.prompt_ids) + len(self.token_ids) - 1
-
-
-@dataclass
-class _LiveBatch:
-    rows: list[_Row]
-    cache: Any
-    """The model's KV cache; every row has the same (left-padded) length."""
-    mask: torch.Tensor
-    """``[B, T]`` attention mask over the cache: 0 on padding."""
-    logits: torch.Tensor
-    """``[B, V]`` next-token logits of every row."""
 
 
 class ContinuousBatcher:
@@ -163,7 +127,7 @@ class ContinuousBatcher:
         self.version = 0
         """Weights version recorded on every sampled token; whoever changes the weights sets
         it while holding :attr:`lock`, so a sampling step never sees a half-done update."""
-        self._queue: queue.SimpleQueue[_Row | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Row | None] = queue.SimpleQueue()
         self._closed = False
         self._thread: threading.Thread | None = None
         self._state_lock = threading.Lock()
@@ -187,7 +151,7 @@ class ContinuousBatcher:
         generator = None
         if sampling.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
-        row = _Row(list(prompt_ids), sampling, Future(), generator)
+        row = Row(list(prompt_ids), sampling, Future(), generator)
         row.choices = [list(choice) for choice in choices] if choices else None
         # Under the lock, so a request never slips in after close() drained the queue.
         with self._state_lock:
@@ -210,7 +174,7 @@ class ContinuousBatcher:
     # ----- the worker ------------------------------------------------------------------
 
     def _run(self) -> None:
-        live: _LiveBatch | None = None
+        live: LiveBatch | None = None
         while not self._closed:
             newcomers = self._take(live)
             with self.lock, torch.inference_mode():
@@ -220,7 +184,7 @@ class ContinuousBatcher:
                     live = self._guarded(live.rows, self._step, live)
         self._fail_all(live)
 
-    def _admit(self, live: _LiveBatch | None, rows: list[_Row]) -> _LiveBatch | None:
+    def _admit(self, live: LiveBatch | None, rows: list[Row]) -> LiveBatch | None:
         """Prefill ``rows`` and merge them into ``live``; a failed prefill (a prompt too
         long for memory, say) fails only its newcomers. Rows with a cached prefix share
         one forward that encodes only the rest of their prompts; the others share another."""
@@ -239,10 +203,10 @@ class ContinuousBatcher:
             batches.append(self._guarded(fresh, self._prefill, fresh))
         for batch in batches:
             if batch is not None:
-                live = batch if live is None else self._guarded(live.rows + batch.rows, _merge, live, batch)
+                live = batch if live is None else self._guarded(live.rows + batch.rows, merge, live, batch)
         return live
 
-    def _guarded(self, rows: list[_Row], fn: Callable[..., Any], *args: Any) -> Any:
+    def _guarded(self, rows: list[Row], fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)``; on an error, fail ``rows`` (whose requests it served) and return
         None, so the worker lives on."""
         try:
@@ -250,16 +214,16 @@ class ContinuousBatcher:
         except Exception as exc:
             log.exception("generation failed")
             for row in rows:
-                _fail(row, exc)
+                fail(row, exc)
             return None
 
-    def _take(self, live: _LiveBatch | None) -> list[_Row]:
+    def _take(self, live: LiveBatch | None) -> list[Row]:
         """Newly queued rows that fit: an idle worker blocks for the first one and waits
         ``batch_wait_s`` for company; a busy one takes only what is already waiting."""
         if live is None:
-            return _started(self._take_idle())
-        room = self.max_batch_size - len(live.rows) if _mergeable(live.cache) else 0
-        rows: list[_Row] = []
+            return started(self._take_idle())
+        room = self.max_batch_size - len(live.rows) if mergeable(live.cache) else 0
+        rows: list[Row] = []
         while len(rows) < room:
             try:
                 row = self._queue.get_nowait()
@@ -267,9 +231,9 @@ class ContinuousBatcher:
                 break
             if row is not None:
                 rows.append(row)
-        return _started(rows)
+        return started(rows)
 
-    def _take_idle(self) -> list[_Row]:
+    def _take_idle(self) -> list[Row]:
         first = self._queue.get()
         if first is None:  # close() woke us
             return []
@@ -285,25 +249,25 @@ class ContinuousBatcher:
             rows.append(row)
         return rows
 
-    def _prefill(self, rows: list[_Row]) -> _LiveBatch:
+    def _prefill(self, rows: list[Row]) -> LiveBatch:
         """Encode each distinct prompt once (a group's episodes start alike) and give
         every row its copy; the prompts are cached for reuse."""
         prompts = list(dict.fromkeys(tuple(row.prompt_ids) for row in rows))
-        ids, mask = _left_padded(prompts, self.pad_id)
+        ids, mask = left_padded(prompts, self.pad_id)
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache, logits = self._forward(ids, mask, positions)
         self.stats.prefills += 1
         self.stats.prompt_tokens += int(mask.sum())
-        distinct = _LiveBatch([], cache, mask, logits)
+        distinct = LiveBatch([], cache, mask, logits)
         for i, prompt in enumerate(prompts):
             self._remember(list(prompt), distinct, i)
         slot = {prompt: i for i, prompt in enumerate(prompts)}
-        live = _select(distinct, [slot[tuple(row.prompt_ids)] for row in rows], rows)
-        _stamp(rows, self.version)
+        live = select(distinct, [slot[tuple(row.prompt_ids)] for row in rows], rows)
+        stamp(rows, self.version)
         return live
 
-    def _extend(self, rows: list[_Row], prefixes: list[tuple[CachedPrefix, int]]) -> _LiveBatch:
+    def _extend(self, rows: list[Row], prefixes: list[tuple[CachedPrefix, int]]) -> LiveBatch:
         """Encode the tokens of each row's prompt after its cached prefix ``(entry, length)``.
 
         The cache is the prefixes left-padded to one width, the input the rest of each
@@ -313,12 +277,12 @@ class ContinuousBatcher:
         width = max(length for _, length in prefixes)
         cache = DynamicCache()
         for layer in range(len(heads[0])):
-            keys = torch.cat([_pad_left(head[layer][0], width, 2) for head in heads])
-            values = torch.cat([_pad_left(head[layer][1], width, 2) for head in heads])
+            keys = torch.cat([pad_left(head[layer][0], width, 2) for head in heads])
+            values = torch.cat([pad_left(head[layer][1], width, 2) for head in heads])
             cache.update(keys, values, layer)
         lengths = torch.tensor([length for _, length in prefixes])[:, None]
         rests = [row.prompt_ids[length:] for row, (_, length) in zip(rows, prefixes, strict=True)]
-        ids, rest_mask = _left_padded(rests, self.pad_id)
+        ids, rest_mask = left_padded(rests, self.pad_id)
         prefix_mask = (torch.arange(width) >= width - lengths).long()
         positions = (rest_mask.cumsum(-1) - 1).clamp(min=0) + lengths
         mask = torch.cat([prefix_mask, rest_mask], dim=1)
@@ -327,12 +291,12 @@ class ContinuousBatcher:
         self.stats.prefills += 1
         self.stats.prompt_tokens += sum(len(rest) for rest in rests)
         self.stats.reused_tokens += sum(length for _, length in prefixes)
-        _stamp(rows, self.version)
-        return _LiveBatch(rows, cache, mask, logits)
+        stamp(rows, self.version)
+        return LiveBatch(rows, cache, mask, logits)
 
-    def _remember(self, ids: list[int], live: _LiveBatch, index: int) -> None:
+    def _remember(self, ids: list[int], live: LiveBatch, index: int) -> None:
         """Cache the keys and values of ``live``'s row ``index``, which encode ``ids``."""
-        if self.prefixes.capacity < 1 or not _mergeable(live.cache):
+        if self.prefixes.capacity < 1 or not mergeable(live.cache):
             return
         columns = live.mask[index].nonzero().flatten()
         layers = [
@@ -341,7 +305,7 @@ class ContinuousBatcher:
         ]
         self.prefixes.put(ids, layers, self.version)
 
-    def _step(self, live: _LiveBatch) -> _LiveBatch | None:
+    def _step(self, live: LiveBatch) -> LiveBatch | None:
         """Sample a token for every row, answer the finished rows, decode the rest."""
         rows = live.rows
         self.stats.max_rows = max(self.stats.max_rows, len(rows))
@@ -349,7 +313,7 @@ class ContinuousBatcher:
         top_p = torch.tensor([row.sampling.top_p for row in rows], device=self.device)
         generators = [row.generator for row in rows]
         tokens, logprobs = sample_next(
-            live.logits, temperature, top_p, generators, _allowed(rows, live.logits)
+            live.logits, temperature, top_p, generators, allowed_tokens(rows, live.logits)
         )
         keep = []
         for i, (row, token, logprob) in enumerate(zip(rows, tokens.tolist(), logprobs.tolist(), strict=True)):
@@ -369,16 +333,16 @@ class ContinuousBatcher:
         if not keep:
             return None
         if len(keep) < len(rows):
-            live = _select(live, keep)
+            live = select(live, keep)
         return self._decode(live, tokens[keep])
 
-    def _decode(self, live: _LiveBatch, tokens: torch.Tensor) -> _LiveBatch:
+    def _decode(self, live: LiveBatch, tokens: torch.Tensor) -> LiveBatch:
         mask = torch.cat([live.mask, live.mask.new_ones((len(live.rows), 1))], dim=1)
         positions = torch.tensor([[row.last_position] for row in live.rows], device=self.device)
         cache, logits = self._forward(tokens[:, None], mask, positions, live.cache)
         self.stats.decode_steps += 1
-        _stamp(live.rows, self.version)
-        return _LiveBatch(live.rows, cache, mask, logits)
+        stamp(live.rows, self.version)
+        return LiveBatch(live.rows, cache, mask, logits)
 
     def _forward(
         self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any = None
@@ -397,7 +361,7 @@ class ContinuousBatcher:
         )
         return out[CACHE], out.logits[:, -1, :]
 
-    def _finish_reason(self, row: _Row) -> str | None:
+    def _finish_reason(self, row: Row) -> str | None:
         if row.token_ids[-1] in self.stop_ids:
             return "stop"
         if row.sampling.stop and self._cut_at_stop_string(row):
@@ -408,7 +372,7 @@ class ContinuousBatcher:
             return "length"
         return None
 
-    def _cut_at_stop_string(self, row: _Row) -> bool:
+    def _cut_at_stop_string(self, row: Row) -> bool:
         """Whether the reply now contains a stop string; if so keep the text before it.
         (The token that completed the stop string stays in ``token_ids``: tokens are
         never split, and the rollout continues from the exact ids.)"""
@@ -418,108 +382,21 @@ class ContinuousBatcher:
             row.text = text[: min(hits)]
         return bool(hits)
 
-    def _answer(self, row: _Row, reason: str) -> None:
+    def _answer(self, row: Row, reason: str) -> None:
         text = row.text
         if text is None:
             text = self.tokenizer.decode(row.token_ids, skip_special_tokens=True)
         self.stats.requests += 1
         row.future.set_result(Generation(text, row.token_ids, row.logprobs, reason, versions=row.versions))
 
-    def _fail_all(self, live: _LiveBatch | None) -> None:
+    def _fail_all(self, live: LiveBatch | None) -> None:
         closed = RuntimeError("the policy was closed before this request was answered")
         for row in live.rows if live else []:
-            _fail(row, closed)
+            fail(row, closed)
         while True:
             try:
                 row = self._queue.get_nowait()
             except queue.Empty:
                 return
             if row is not None and row.future.set_running_or_notify_cancel():
-                _fail(row, closed)
-
-
-def _allowed(rows: list[_Row], logits: torch.Tensor) -> torch.Tensor | None:
-    """``[B, V]`` the tokens each row may draw next; None when no row is constrained."""
-    nexts = [row.allowed_next() for row in rows]
-    if all(tokens is None for tokens in nexts):
-        return None
-    allowed = torch.ones(logits.shape, dtype=torch.bool, device=logits.device)
-    for i, tokens in enumerate(nexts):
-        if tokens is not None:
-            allowed[i] = False
-            allowed[i, tokens] = True
-    return allowed
-
-
-def _started(rows: list[_Row]) -> list[_Row]:
-    """Drop requests whose caller gave up (cancelled) before they started."""
-    return [row for row in rows if row.future.set_running_or_notify_cancel()]
-
-
-def _stamp(rows: list[_Row], version: int) -> None:
-    """Record which weights computed the rows' next-token logits (and wrote their cache).
-    Called right after a forward, under :attr:`ContinuousBatcher.lock`, so ``version`` is
-    exactly the weights that forward used, even when an update lands before the token is
-    sampled."""
-    for row in rows:
-        row.logits_version = version
-        row.kv_version = version if row.kv_version in (None, version) else -1
-
-
-def _fail(row: _Row, exc: BaseException) -> None:
-    if not row.future.done():
-        row.future.set_exception(exc)
-
-
-def _mergeable(cache: Any) -> bool:
-    """Only plain full-attention dynamic layers can be left-padded and concatenated."""
-    return isinstance(cache, DynamicCache) and all(type(layer) is DynamicLayer for layer in cache.layers)
-
-
-def _merge(live: _LiveBatch, new: _LiveBatch) -> _LiveBatch:
-    """Concatenate two batches, left-padding the shorter cache with masked zeros."""
-    width = max(live.mask.shape[1], new.mask.shape[1])
-    for old_layer, new_layer in zip(live.cache.layers, new.cache.layers, strict=True):
-        old_layer.keys = torch.cat([_pad_left(old_layer.keys, width, 2), _pad_left(new_layer.keys, width, 2)])
-        old_layer.values = torch.cat(
-            [_pad_left(old_layer.values, width, 2), _pad_left(new_layer.values, width, 2)]
-        )
-    mask = torch.cat([_pad_left(live.mask, width, 1), _pad_left(new.mask, width, 1)])
-    return _LiveBatch(live.rows + new.rows, live.cache, mask, torch.cat([live.logits, new.logits]))
-
-
-def _select(live: _LiveBatch, keep: list[int], rows: list[_Row] | None = None) -> _LiveBatch:
-    """Keep rows ``keep`` (an index may repeat: the row is copied), as ``rows`` if given;
-    drop cache columns that are padding in every remaining row."""
-    index = torch.tensor(keep, device=live.mask.device)
-    live.cache.batch_select_indices(index)
-    mask = live.mask[index]
-    if _mergeable(live.cache):
-        first = int(mask.any(dim=0).int().argmax())
-        if first > 0:
-            mask = mask[:, first:]
-            for layer in live.cache.layers:
-                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
-    kept = [live.rows[i] for i in keep] if rows is None else rows
-    return _LiveBatch(kept, live.cache, mask, live.logits[index])
-
-
-def _left_padded(sequences: list[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``sequences`` as ``[B, width]`` ids aligned right (left-padded with ``pad_id``) and
-    the matching attention mask (0 on padding)."""
-    width = max(len(sequence) for sequence in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for i, sequence in enumerate(sequences):
-        ids[i, width - len(sequence) :] = torch.tensor(sequence)
-        mask[i, width - len(sequence) :] = 1
-    return ids, mask
-
-
-def _pad_left(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
-    missing = width - tensor.shape[dim]
-    if missing == 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = missing
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+                fail(row, closed)

@@ -28,8 +28,8 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
+from agentgym.curves import BY_PHASE, PANELS, RATES
 from agentgym.errors import AgentGymError, NotFound
-from agentgym.run_folder import BY_PHASE, PANELS, RATES
 from agentgym.viewer.episode import episode_view
 from agentgym.viewer.index import EpisodeFilter, EpisodeIndex, page, read_metrics
 from agentgym.viewer.tokens import TokenDecoder, load_decoder

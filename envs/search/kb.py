@@ -33,6 +33,17 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from agentgym.envs.search.data import Passage, Question
+from agentgym.envs.search.vocabulary import (
+    ADJECTIVES,
+    COMPANY_SUFFIXES,
+    CURRENCY_UNITS,
+    GENRES,
+    INDUSTRIES,
+    NOUNS,
+    NOVEL_GENRES,
+    OCCUPATIONS,
+    SYLLABLES,
+)
 
 GENERATOR_VERSION = 2
 """Bump when generation changes, so cached indexes of the old corpus are not reused."""
@@ -44,115 +55,6 @@ SEED_RANGE = 500_000
 TEST_SHARE = 5
 """One start entity in ``TEST_SHARE`` (by name hash) belongs to the test split."""
 MAX_DISTRACTORS = 3
-
-SYLLABLES = [
-    "ka",
-    "lo",
-    "mi",
-    "ra",
-    "ven",
-    "dor",
-    "sel",
-    "tha",
-    "ri",
-    "on",
-    "bel",
-    "mar",
-    "zu",
-    "ne",
-    "qua",
-    "tor",
-    "lin",
-    "gar",
-    "sho",
-    "pe",
-    "vi",
-    "den",
-    "ul",
-    "as",
-    "fen",
-    "ko",
-    "ry",
-    "mel",
-    "tan",
-    "is",
-    "bro",
-    "cal",
-    "dre",
-    "hal",
-    "jor",
-    "nis",
-    "os",
-    "pra",
-    "sta",
-    "wen",
-]
-ADJECTIVES = [
-    "Glass",
-    "Silent",
-    "Crimson",
-    "Hollow",
-    "Distant",
-    "Broken",
-    "Golden",
-    "Quiet",
-    "Burning",
-    "Frozen",
-    "Hidden",
-    "Last",
-    "Northern",
-    "Paper",
-    "Scarlet",
-    "Silver",
-    "Sleeping",
-    "Stone",
-    "Velvet",
-    "Wandering",
-    "Wild",
-    "Winter",
-    "Amber",
-    "Iron",
-]
-NOUNS = [
-    "Harbor",
-    "Garden",
-    "Mirror",
-    "River",
-    "Lantern",
-    "Orchard",
-    "Tower",
-    "Voyage",
-    "Kingdom",
-    "Letter",
-    "Island",
-    "Shadow",
-    "Meadow",
-    "Compass",
-    "Bridge",
-    "Empire",
-    "Forest",
-    "Journey",
-    "Promise",
-    "Season",
-    "Signal",
-    "Station",
-    "Tide",
-    "Valley",
-]
-GENRES = ("drama", "comedy", "thriller", "documentary", "science fiction", "historical")
-NOVEL_GENRES = ("mystery", "fantasy", "romance", "crime", "adventure", "literary")
-OCCUPATIONS = (
-    "a painter",
-    "a physicist",
-    "an architect",
-    "a novelist",
-    "a film director",
-    "an economist",
-    "a composer",
-)
-INDUSTRIES = ("shipping", "software", "textile", "mining", "publishing", "aerospace", "food")
-CURRENCY_UNITS = ("crown", "mark", "florin", "dinar", "real", "thaler")
-COMPANY_SUFFIXES = ("Labs", "Holdings", "Works", "Systems", "Industries")
 
 SIZES = {
     "country": 8,

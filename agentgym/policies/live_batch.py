@@ -1,0 +1,153 @@
+"""The rows a :class:`~agentgym.policies.batching.ContinuousBatcher` generates for, and the
+live batch they share: its left-padded KV cache, attention mask and next-token logits, with
+the operations that admit rows into it, drop finished ones and record which weights
+computed what.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+from agentgym.policies.base import SamplingParams
+
+
+@dataclass(eq=False)
+class Row:
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    future: Future
+    generator: torch.Generator | None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    """Per sampled token: the weights version of the forward that gave its logits."""
+    logits_version: int = 0
+    """The weights version of the forward that computed this row's current logits."""
+    text: str | None = None
+    """Set when a stop string cut the reply: the text before it."""
+    kv_version: int | None = None
+    """The weights version of every forward that wrote this row's cache, or -1 if they
+    differed (then the cache is not reusable)."""
+    choices: list[list[int]] | None = None
+    """Constrained rows: the token sequences the reply may still become (each ends with a
+    stop id); None: any reply."""
+
+    def allowed_next(self) -> list[int] | None:
+        """Constrained rows: the tokens that keep the reply on one of its choices."""
+        if self.choices is None:
+            return None
+        return sorted({choice[len(self.token_ids)] for choice in self.choices})
+
+    def keep_choices_after(self, token: int) -> None:
+        if self.choices is not None:
+            position = len(self.token_ids) - 1
+            self.choices = [c for c in self.choices if c[position] == token]
+
+    @property
+    def last_position(self) -> int:
+        """Position id of the newest token (the next decode input)."""
+        return len(self.prompt_ids) + len(self.token_ids) - 1
+
+
+@dataclass
+class LiveBatch:
+    rows: list[Row]
+    cache: Any
+    """The model's KV cache; every row has the same (left-padded) length."""
+    mask: torch.Tensor
+    """``[B, T]`` attention mask over the cache: 0 on padding."""
+    logits: torch.Tensor
+    """``[B, V]`` next-token logits of every row."""
+
+
+def allowed_tokens(rows: list[Row], logits: torch.Tensor) -> torch.Tensor | None:
+    """``[B, V]`` the tokens each row may draw next; None when no row is constrained."""
+    nexts = [row.allowed_next() for row in rows]
+    if all(tokens is None for tokens in nexts):
+        return None
+    allowed = torch.ones(logits.shape, dtype=torch.bool, device=logits.device)
+    for i, tokens in enumerate(nexts):
+        if tokens is not None:
+            allowed[i] = False
+            allowed[i, tokens] = True
+    return allowed
+
+
+def started(rows: list[Row]) -> list[Row]:
+    """Drop requests whose caller gave up (cancelled) before they started."""
+    return [row for row in rows if row.future.set_running_or_notify_cancel()]
+
+
+def stamp(rows: list[Row], version: int) -> None:
+    """Record which weights computed the rows' next-token logits (and wrote their cache).
+    Called right after a forward, under :attr:`ContinuousBatcher.lock`, so ``version`` is
+    exactly the weights that forward used, even when an update lands before the token is
+    sampled."""
+    for row in rows:
+        row.logits_version = version
+        row.kv_version = version if row.kv_version in (None, version) else -1
+
+
+def fail(row: Row, exc: BaseException) -> None:
+    if not row.future.done():
+        row.future.set_exception(exc)
+
+
+def mergeable(cache: Any) -> bool:
+    """Only plain full-attention dynamic layers can be left-padded and concatenated."""
+    return isinstance(cache, DynamicCache) and all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
+def merge(live: LiveBatch, new: LiveBatch) -> LiveBatch:
+    """Concatenate two batches, left-padding the shorter cache with masked zeros."""
+    width = max(live.mask.shape[1], new.mask.shape[1])
+    for old_layer, new_layer in zip(live.cache.layers, new.cache.layers, strict=True):
+        old_layer.keys = torch.cat([pad_left(old_layer.keys, width, 2), pad_left(new_layer.keys, width, 2)])
+        old_layer.values = torch.cat(
+            [pad_left(old_layer.values, width, 2), pad_left(new_layer.values, width, 2)]
+        )
+    mask = torch.cat([pad_left(live.mask, width, 1), pad_left(new.mask, width, 1)])
+    return LiveBatch(live.rows + new.rows, live.cache, mask, torch.cat([live.logits, new.logits]))
+
+
+def select(live: LiveBatch, keep: list[int], rows: list[Row] | None = None) -> LiveBatch:
+    """Keep rows ``keep`` (an index may repeat: the row is copied), as ``rows`` if given;
+    drop cache columns that are padding in every remaining row."""
+    index = torch.tensor(keep, device=live.mask.device)
+    live.cache.batch_select_indices(index)
+    mask = live.mask[index]
+    if mergeable(live.cache):
+        first = int(mask.any(dim=0).int().argmax())
+        if first > 0:
+            mask = mask[:, first:]
+            for layer in live.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+    kept = [live.rows[i] for i in keep] if rows is None else rows
+    return LiveBatch(kept, live.cache, mask, live.logits[index])
+
+
+def left_padded(sequences: list[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sequences`` as ``[B, width]`` ids aligned right (left-padded with ``pad_id``) and
+    the matching attention mask (0 on padding)."""
+    width = max(len(sequence) for sequence in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, sequence in enumerate(sequences):
+        ids[i, width - len(sequence) :] = torch.tensor(sequence)
+        mask[i, width - len(sequence) :] = 1
+    return ids, mask
+
+
+def pad_left(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    missing = width - tensor.shape[dim]
+    if missing == 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)

@@ -1,0 +1,126 @@
+"""The checks behind ``TrainConfig.validate()``: every problem at once, each a sentence the
+CLI prints (exit code 2), before any model or server starts. The settings every run shares
+are checked here; a training regime's own ones by its entry in :data:`REGIME_PROBLEMS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from agentgym.trainers.algorithms import AGGREGATIONS
+from agentgym.trainers.registry import ADVANTAGE_ESTIMATORS, CLIP_RULES
+from agentgym.trainers.reporting import reporter_problems
+from agentgym.trainers.schedules import ScalingInterHorizon
+
+
+def config_problems(config: Any) -> list[str]:
+    """Every problem with ``config``, each a sentence the CLI prints (exit code 2)."""
+    problems = []
+    if config.schedule not in ("fixed", "scaling-inter"):
+        problems.append("schedule must be 'fixed' or 'scaling-inter'")
+    problems += reporter_problems(config.report_to)
+    if config.curriculum not in ("all", "fits-horizon", "unsolved"):
+        problems.append("curriculum must be 'all', 'fits-horizon' or 'unsolved'")
+    if config.generator not in ("hf", "vllm", "ray"):
+        problems.append("generator must be 'hf', 'vllm' or 'ray'")
+    if config.constrain_actions and config.generator == "vllm":
+        problems.append(
+            "constrain_actions needs generator 'hf' or 'ray' (the vllm generator decodes unconstrained)"
+        )
+    if config.rl_learning_rate is not None and config.rl_learning_rate <= 0:
+        problems.append("rl_learning_rate must be positive (or unset: learning_rate)")
+    if config.loss_aggregation not in AGGREGATIONS:
+        problems.append(f"loss_aggregation must be one of {', '.join(AGGREGATIONS)}")
+    if config.advantage not in ADVANTAGE_ESTIMATORS:
+        problems.append(f"advantage must be one of {', '.join(ADVANTAGE_ESTIMATORS)}")
+    if config.clip_rule not in CLIP_RULES:
+        problems.append(f"clip_rule must be one of {', '.join(CLIP_RULES)}")
+    if config.schedule == "scaling-inter":
+        try:
+            ScalingInterHorizon(config.rounds, config.interval)
+        except ValueError as exc:
+            problems.append(str(exc))
+    for name in ("max_refills", "keep_checkpoints"):
+        if getattr(config, name) < 0:
+            problems.append(f"{name} must be at least 0")
+    if not 0 < config.clip.eps_low < 1 or config.clip.eps_high <= 0:
+        problems.append("clip needs 0 < eps_low < 1 and eps_high > 0")
+    if config.dual_clip and config.dual_clip <= 1:
+        problems.append("dual_clip must be above 1 (or 0: off)")
+    if config.steps < (0 if config.bc_steps else 1):  # steps 0: a cloning-only run
+        problems.append("steps must be at least 1 (or 0 with bc_steps: behaviour cloning only)")
+    for name in (
+        "tasks_per_step",
+        "group_size",
+        "minibatch_size",
+        "micro_batch_size",
+        "max_turns",
+    ):
+        if getattr(config, name) < 1:
+            problems.append(f"{name} must be at least 1")
+    problems += _off_policy_problems(config)
+    problems += REGIME_PROBLEMS.get(config.preset.recipe, _no_problems)(config)
+    if config.minibatch_size % config.micro_batch_size:
+        problems.append("minibatch_size must be a multiple of micro_batch_size")
+    return problems
+
+
+def _off_policy_problems(config: Any) -> list[str]:
+    problems = []
+    if config.mode not in ("sync", "async"):
+        problems.append("mode must be 'sync' or 'async'")
+    if config.max_staleness < 0:
+        problems.append("max_staleness must be at least 0")
+    if config.mode == "async" and config.max_staleness < 1:
+        problems.append("mode: async trains on one-step-old data; max_staleness must be at least 1")
+    if not 0 <= config.replay_ratio < 1:
+        problems.append("replay_ratio must be in [0, 1)")
+    if config.replay_capacity < 1:
+        problems.append("replay_capacity must be at least 1")
+    if config.partial_rollout_tokens is not None and config.partial_rollout_tokens < 1:
+        problems.append("partial_rollout_tokens must be at least 1 (or null: off)")
+    if config.partial_rollout_tokens is not None and config.generator == "ray":
+        problems.append(
+            "partial_rollout_tokens needs generator hf or vllm (Ray workers do not pause episodes)"
+        )
+    return problems
+
+
+def _critique_rl_problems(config: Any) -> list[str]:
+    problems = _on_policy_only(config)
+    if config.env != "math":
+        problems.append("critique-rl trains on env math")
+    if not config.lora or config.generator != "hf":
+        problems.append(
+            "critique-rl needs lora: true and generator: hf (the actor is the base model, adapters off)"
+        )
+    if config.critiques_per_answer < 2:
+        problems.append("critiques_per_answer must be at least 2 (RLOO compares the critiques of one answer)")
+    if config.stage1_steps < 0 or config.stage2_steps < 0:
+        problems.append("stage1_steps and stage2_steps must be at least 0")
+    return problems
+
+
+def _on_policy_only(config: Any) -> list[str]:
+    """A regime that learns from fresh samples of the current policy only."""
+    off_policy = (
+        config.mode == "async" or config.replay_ratio > 0 or config.partial_rollout_tokens is not None
+    )
+    if not off_policy:
+        return []
+    return [
+        f"{config.algo} trains in mode: sync without replay or partial rollouts "
+        "(async, replay_ratio and partial_rollout_tokens are for the clipped-ratio algorithms)"
+    ]
+
+
+def _no_problems(config: Any) -> list[str]:
+    return []
+
+
+REGIME_PROBLEMS: dict[str, Callable[[Any], list[str]]] = {
+    "agentevol": _on_policy_only,
+    "critique-rl": _critique_rl_problems,
+}
+"""The checks of a regime's own settings, by the ``recipe`` its preset names (``presets.py``)."""
