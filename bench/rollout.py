@@ -11,7 +11,14 @@ textworld, for the same episodes played three ways:
 
     python bench/rollout.py [--n 4] [--episodes 8] [--max-turns 3] [--max-new-tokens 48]
                             [--format plain] [--step-delay 0] [--step-delay 0.1:3.0] [--json out.json]
-                            [--prefix-cache on,off] [--show-actions]
+                            [--prefix-cache on,off] [--show-actions] [--policy hf,vllm]
+
+``--policy hf,vllm`` plays the same episodes with the HF continuous batcher and with vLLM
+(its CPU build here: float32, eager, vLLM's own scheduling and paged KV cache; prefix
+caching as vLLM does it). Both run float32 and the same greedy sampling; the vLLM engine
+starts (and warms up) before timing. Generated tokens are counted from the trajectories,
+so the two columns count the same thing; rows/decode and prompt tokens are the HF
+batcher's own counters (vLLM rows: 0).
 
 Variation comes from the real episodes: tasks of four challenges with different
 observations, replies of different lengths, and episodes that end early when the game
@@ -41,7 +48,7 @@ from dataclasses import asdict, astuple, dataclass
 import httpx
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from agentgym.policies.base import SamplingParams
+from agentgym.policies.base import Policy, SamplingParams
 from agentgym.policies.expert import ExpertPolicy
 from agentgym.policies.hf import HFPolicy
 from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
@@ -66,6 +73,7 @@ class StepDelay:
 
 @dataclass
 class Row:
+    policy: str
     mode: str
     prefix_cache: str
     step_delay: str
@@ -98,7 +106,13 @@ def pick_tasks(url: str, count: int) -> list[str]:
 
 
 def run_mode(
-    url: str, policy: HFPolicy, specs: list[EpisodeSpec], mode: str, args: argparse.Namespace, delay: str
+    runner: asyncio.Runner,
+    url: str,
+    policy: Policy,
+    specs: list[EpisodeSpec],
+    mode: str,
+    args: argparse.Namespace,
+    delay: str,
 ) -> Row:
     stop = ("\n",) if args.format == "plain" else ()
     sampling = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens, stop=stop)
@@ -110,22 +124,24 @@ def run_mode(
         show_actions=args.show_actions,
         **options,
     )
-    before = (policy.stats.tokens, policy.stats.decode_steps, policy.stats.prompt_tokens)
+    stats = getattr(policy, "stats", None)  # the HF batcher's counters; vLLM keeps its own
+    before = (stats.decode_steps, stats.prompt_tokens) if stats else (0, 0)
     start = time.perf_counter()
-    trajectories = asyncio.run(run_episodes(url, policy, specs, config))
+    trajectories = runner.run(run_episodes(url, policy, specs, config))
     seconds = time.perf_counter() - start
-    tokens = policy.stats.tokens - before[0]
-    decodes = policy.stats.decode_steps - before[1]
+    tokens = sum(t.generated_tokens or 0 for t in trajectories)
+    decodes = stats.decode_steps - before[0] if stats else 0
     return Row(
+        policy=policy.name if stats else "vllm",
         mode=mode if mode != "free" else f"free (N={args.n})",
-        prefix_cache="off" if policy.prefix_cache == 0 else "on",
+        prefix_cache="off" if getattr(policy, "prefix_cache", None) == 0 else "on",
         step_delay=delay,
         episodes=len(trajectories),
         seconds=round(seconds, 1),
         episodes_per_min=round(len(trajectories) / seconds * 60, 2),
         tokens_per_s=round(tokens / seconds, 1),
-        rows_per_decode=round(tokens / max(decodes, 1), 2),
-        prompt_tokens=policy.stats.prompt_tokens - before[2],
+        rows_per_decode=round(tokens / decodes, 2) if decodes else 0.0,
+        prompt_tokens=stats.prompt_tokens - before[1] if stats else 0,
         mean_turns=round(sum(t.turns for t in trajectories) / len(trajectories), 2),
         env_steps=sum(action is not None for t in trajectories for action in t.actions),
         errored=sum(t.errored for t in trajectories),
@@ -133,7 +149,7 @@ def run_mode(
     )
 
 
-COLUMNS = ("mode", "prefix cache", "step delay s", "episodes", "wall s", "episodes/min", "gen tok/s",
+COLUMNS = ("policy", "mode", "prefix cache", "step delay s", "episodes", "wall s", "episodes/min", "gen tok/s",
            "rows/decode", "prompt tok encoded", "turns", "env steps", "errors", "load")  # fmt: skip
 """Table headings, one per :class:`Row` field, in field order."""
 
@@ -145,6 +161,18 @@ def print_table(rows: list[Row]) -> None:
         print("  ".join(str(cell).rjust(width) for cell, width in zip(line, widths, strict=True)), flush=True)
         if i == 0:
             print("  ".join("-" * width for width in widths))
+
+
+async def start_policy(kind: str, prefix: str, n: int) -> Policy:
+    """The policy under test, float32 on CPU; built inside the runner's loop (vLLM's engine
+    binds to the loop it starts on)."""
+    if kind == "vllm":
+        from agentgym.policies.vllm import VLLMPolicy
+
+        return VLLMPolicy("smollm2-135m", max_model_len=2048, enable_prefix_caching=prefix == "on")
+    return HFPolicy(
+        "smollm2-135m", device="cpu", max_batch_size=n, prefix_cache=0 if prefix == "off" else None
+    )
 
 
 def main() -> None:
@@ -171,6 +199,7 @@ def main() -> None:
         default="on",
         help="on, off or on,off: reuse of cached prompt prefixes (compare both)",
     )
+    parser.add_argument("--policy", default="hf", help="hf, vllm or hf,vllm (the same episodes with each)")
     parser.add_argument(
         "--show-actions",
         action="store_true",
@@ -179,20 +208,25 @@ def main() -> None:
     args = parser.parse_args()
     delays = args.step_delay or ["0"]
     rows = []
-    for prefix, delay in itertools.product(args.prefix_cache.split(","), delays):
-        capacity = 0 if prefix == "off" else None
-        policy = HFPolicy("smollm2-135m", device="cpu", max_batch_size=args.n, prefix_cache=capacity)
-        app = create_app(ServerConfig(env="textworld", max_sessions=max(64, args.n)))
-        app.add_middleware(StepDelay, *parse_delay(delay))
-        with serve_in_thread(app) as url:
-            specs = [EpisodeSpec(task, 0, "test") for task in pick_tasks(url, args.episodes)]
-            asyncio.run(run_episodes(url, ExpertPolicy(), specs))  # generates every game before timing
-            warm_up = RolloutConfig(max_turns=1, sampling=SamplingParams(temperature=0.0, max_new_tokens=4))
-            asyncio.run(run_episodes(url, policy, specs[:1], warm_up))  # torch's first calls are slow
-            for mode in args.modes.split(","):
-                rows.append(run_mode(url, policy, specs, mode, args, delay))
-                print_table(rows[-1:])
-        asyncio.run(policy.close())
+    for kind, prefix, delay in itertools.product(
+        args.policy.split(","), args.prefix_cache.split(","), delays
+    ):
+        # One event loop per policy: a vLLM engine stays bound to the loop it started on.
+        with asyncio.Runner() as runner:
+            policy = runner.run(start_policy(kind, prefix, args.n))
+            app = create_app(ServerConfig(env="textworld", max_sessions=max(64, args.n)))
+            app.add_middleware(StepDelay, *parse_delay(delay))
+            with serve_in_thread(app) as url:
+                specs = [EpisodeSpec(task, 0, "test") for task in pick_tasks(url, args.episodes)]
+                runner.run(run_episodes(url, ExpertPolicy(), specs))  # generates every game before timing
+                warm_up = RolloutConfig(
+                    max_turns=1, sampling=SamplingParams(temperature=0.0, max_new_tokens=4)
+                )
+                runner.run(run_episodes(url, policy, specs[:1], warm_up))  # the first calls are slow
+                for mode in args.modes.split(","):
+                    rows.append(run_mode(runner, url, policy, specs, mode, args, delay))
+                    print_table(rows[-1:])
+            runner.run(policy.close())
     print()
     print_table(rows)
     if args.json:
@@ -200,5 +234,5 @@ def main() -> None:
             json.dump([asdict(row) for row in rows], handle, indent=2)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # vLLM starts its engine processes by spawn: they re-import this file
     main()

@@ -29,8 +29,13 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 
 @pytest.fixture(scope="session", autouse=True)
 def agentgym_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Generated games etc. go to one cache per test run (shared by servers and subprocesses)."""
-    path = os.environ.get("AGENTGYM_TEST_CACHE") or str(tmp_path_factory.mktemp("agentgym-cache"))
+    """Generated games etc. go to one cache per test run (shared by servers and subprocesses,
+    and by the run's xdist workers: every cache writer renames complete files into place, so
+    a game or converted model is made once, not once per worker)."""
+    path = os.environ.get("AGENTGYM_TEST_CACHE")
+    if not path and os.environ.get("PYTEST_XDIST_WORKER"):
+        path = str(tmp_path_factory.getbasetemp().parent / "agentgym-cache")
+    path = path or str(tmp_path_factory.mktemp("agentgym-cache"))
     old = os.environ.get("AGENTGYM_CACHE")
     os.environ["AGENTGYM_CACHE"] = path
     yield path

@@ -246,7 +246,8 @@ def test_an_unknown_model_name_fails_at_once_listing_the_aliases(offline: bool, 
 
 
 def test_a_missing_model_folder_fails_at_once(tmp_path: Path) -> None:
-    missing = str(tmp_path / "no-such-model")
+    # Longer than a line, with brackets: the message keeps it whole and literal (copyable).
+    missing = str(tmp_path / ("no-such-model-" + "x" * 80 + "[v2]"))
     for verb in (["eval", "--out", str(tmp_path / "eval")], ["train", "--out", str(tmp_path / "run")]):
         code, output = cli(*verb, "--env", "choice", "--model", missing)
         assert code == 2 and f"no model folder {missing} (it does not exist)" in output

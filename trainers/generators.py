@@ -119,7 +119,8 @@ async def start_generator(config: Any, learner: Learner, url: str) -> Generator:
 
         engine = VLLMPolicy(
             config.model,
-            dtype="bfloat16" if learner.policy.model.dtype == torch.bfloat16 else "auto",
+            # the learner's dtype, so behaviour log-probs are the learner's up to kernel noise
+            dtype="bfloat16" if learner.policy.model.dtype == torch.bfloat16 else "float32",
             gpu_memory_utilization=config.vllm_gpu_memory_utilization,
         )
         return await PolicyGenerator(engine, url, _send_merged(engine)).start()

