@@ -140,3 +140,57 @@ def test_eval_plays_textworld_with_the_vllm_policy(tmp_path: Path) -> None:
     assert results["episodes"] == 2
     lines = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
     assert all(t["policy"] == "smollm2-135m" and t["turns"] >= 1 and t["token_ids"] for t in lines)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_training_samples_with_vllm_from_the_weights_of_the_step_before(
+    mode: str, choice_url: str, tmp_path: Path
+) -> None:
+    """`generator: vllm`: step 2's tokens are sampled after step 1's update reached vLLM
+    (sync), or at most one version behind (async one-step-off). On-policy, vLLM's
+    behaviour log-probs are the learner's up to the engines' float noise, so the merged
+    weights really arrived."""
+    from agentgym.agents.tokens import sampled_versions
+    from agentgym.trainers.config import TrainConfig
+    from agentgym.trainers.loop import Trainer
+    from agentgym.trajectory import read_trajectories
+
+    config = TrainConfig(
+        algo="grpo",
+        env="choice",
+        env_url=choice_url,
+        generator="vllm",
+        mode=mode,
+        schedule="fixed",
+        max_turns=1,
+        bc_steps=0,
+        steps=2,
+        tasks_per_step=2,
+        group_size=4,
+        max_new_tokens=4,
+        agent_format="plain",
+        constrain_actions=False,
+        minibatch_size=8,  # one optimizer step per batch: a sync update starts on-policy
+        micro_batch_size=4,
+        entropy_coef=0.05,  # a gradient even when every reward is equal
+        learning_rate=5e-3,
+        eval_every=0,
+        eval_tasks=2,
+    )
+    run = Trainer(config, tmp_path / mode).run()
+    history = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    history = [r for r in history if r.get("phase") == "rl"]
+    assert [r["step"] for r in history] == [1, 2]
+    for record in history:
+        step = record["step"]
+        behaviour = step - 1 if mode == "sync" or step == 1 else step - 2
+        trajectories = read_trajectories(run / "rollouts" / f"step-{step:06d}.jsonl")
+        assert {v for t in trajectories for v in sampled_versions(t.versions, t.loss_mask)} == {behaviour}
+        (update,) = record["updates"]
+        deviation = max(abs(update["ratio_p05"] - 1), abs(update["ratio_p95"] - 1))
+        if step - 1 == behaviour:
+            # vLLM sampled from the learner's current weights: the same log-probs to float noise
+            assert deviation < 1e-3 and abs(update["approx_kl"]) < 1e-4
+        else:
+            assert update["ratio_max"] - 1 > 1e-3  # one update later the ratio moved off 1
+    assert json.loads((run / "manifest.json").read_text())["generator"] == "vllm"
