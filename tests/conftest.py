@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import psutil
@@ -20,6 +21,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from agentgym.servers.app import ServerConfig
 from agentgym.servers.launcher import serve_in_thread
+
+if TYPE_CHECKING:
+    from agentgym.trainers.config import TrainConfig
 
 # Started in the background of a non-interactive shell (`make test &`), pytest inherits
 # SIGINT ignored, and so would every CLI the tests stop with Ctrl-C. A handler of our own
@@ -90,6 +94,32 @@ def run_metrics(run: Path) -> list[dict]:
     run without behaviour cloning's step-0 evaluation of the untrained policy is left out
     (:func:`untrained_evaluation`)."""
     return [record for record in all_records(run) if record.get("phase") != "start"]
+
+
+def short_rl_config(model: Path, url: str, env: str, **overrides: object) -> TrainConfig:
+    """A few short one-turn RL steps on ``env`` at ``url`` (sync or async, any generator)."""
+    from agentgym.trainers.config import TrainConfig
+
+    values = dict(
+        env=env,
+        env_url=url,
+        model=str(model),
+        schedule="fixed",
+        max_turns=1,
+        bc_steps=0,
+        steps=3,
+        tasks_per_step=2,
+        group_size=4,
+        max_new_tokens=4,
+        agent_format="plain",
+        minibatch_size=8,  # one optimizer step per batch: a sync update starts on-policy
+        micro_batch_size=4,
+        entropy_coef=0.05,
+        learning_rate=5e-3,
+        eval_every=0,
+        eval_tasks=2,
+    )
+    return TrainConfig(**(values | overrides))
 
 
 def untrained_evaluation(run: Path) -> dict:

