@@ -21,7 +21,7 @@ from agentgym.policies import make_policy
 from agentgym.policies.base import Generation, GenerationRequest, SamplingParams
 from agentgym.rollout import EpisodeSpec, RolloutConfig
 from agentgym.trainers.config import TrainConfig
-from agentgym.trainers.critique_rl import synthetic_critique
+from agentgym.trainers.critique_rl.regime import synthetic_critique
 from agentgym.trainers.loop import Trainer
 
 
@@ -44,16 +44,13 @@ def test_critique_rl_runs_warm_start_then_both_stages(tiny_model_dir: Path, tmp_
         model=str(tiny_model_dir),
         bc_steps=1,
         bc_episodes=4,
-        stage1_steps=1,
-        stage2_steps=1,
+        critique_rl={"stage1_steps": 1, "stage2_steps": 1, "critiques_per_answer": 2, "stage2_kl_coef": 0.1},
         tasks_per_step=2,
-        critiques_per_answer=2,
         max_new_tokens=6,
         minibatch_size=4,
         micro_batch_size=4,
         eval_every=0,
         eval_tasks=2,
-        stage2_kl_coef=0.1,
     )
     run = Trainer(config, tmp_path / "run").run()
     history = run_metrics(run)

@@ -37,6 +37,27 @@ def test_config_overrides_validation_and_round_trip(tmp_path) -> None:
         TrainConfig(minibatch_size=6, micro_batch_size=4)
 
 
+def test_regime_settings_are_sections_checked_by_their_regime_and_flat_keys_still_load(tmp_path) -> None:
+    config = TrainConfig(algo="critique-rl", env="math").with_overrides({"critique_rl.stage2_beta": "0.5"})
+    assert config.critique_rl.stage2_beta == 0.5  # a YAML 1.1 string inside a section, too
+    # A config file or run folder of an earlier version, flat keys included, loads into the sections.
+    (tmp_path / "old.yaml").write_text("algo: agentevol\nevol_iterations: 3\nevol_reward_threshold: 1.0\n")
+    old = TrainConfig.load(tmp_path / "old.yaml")
+    assert (old.agentevol.iterations, old.agentevol.reward_threshold) == (3, 1.0)
+    assert old.with_overrides({"evol_iterations": 5}).agentevol.iterations == 5  # --set evol_iterations=5
+    assert "evol_iterations" not in old.to_dict() and old.to_dict()["agentevol"]["iterations"] == 3
+    # Each regime checks its own section, and only when its preset is the one training.
+    with pytest.raises(ValueError, match=r"critique_rl\.critiques_per_answer must be at least 2"):
+        config.with_overrides({"critique_rl.critiques_per_answer": 1})
+    assert TrainConfig(critique_rl={"critiques_per_answer": 1}).algo == "bapo"
+    with pytest.raises(ValueError, match="critique-rl trains on question-and-answer problems"):
+        TrainConfig(algo="critique-rl", env="textworld")
+    with pytest.raises(ValueError, match=r"agentevol\.iterations must be at least 0"):
+        TrainConfig(algo="agentevol", agentevol={"iterations": -1})
+    with pytest.raises(ValueError, match=r"unknown config key agentevol\.iteration \(did you mean"):
+        TrainConfig.from_dict({"agentevol": {"iteration": 2}})
+
+
 def test_token_logprobs_align_with_tokens() -> None:
     model = tiny_llama()
     ids = torch.tensor([[3, 7, 11, 5, 2]])

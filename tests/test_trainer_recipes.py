@@ -40,10 +40,10 @@ TINY = {
     "constrain_actions": False,
     "eval_every": 0,
     "eval_tasks": 2,
-    "evol_iterations": 1,
-    "stage1_steps": 1,
-    "stage2_steps": 0,
-    "critiques_per_answer": 2,
+    "agentevol.iterations": 1,
+    "critique_rl.stage1_steps": 1,
+    "critique_rl.stage2_steps": 0,
+    "critique_rl.critiques_per_answer": 2,
 }
 
 
@@ -81,7 +81,7 @@ def test_every_registered_algorithm_runs_an_rl_step_with_its_papers_defaults(
         saved["kl_coef"],
     )
     assert actual == expected
-    for update in history[0]["updates"] if PRESETS[algo].recipe == "rl" else []:
+    for update in history[0]["updates"] if PRESETS[algo].regime == "rl" else []:
         if algo == "bapo":
             assert update["bapo_search"] in SEARCH_OUTCOMES
             if update["bapo_search"] != "on-policy":
@@ -93,7 +93,7 @@ def test_every_registered_algorithm_runs_an_rl_step_with_its_papers_defaults(
         assert history[0]["success_rate"] == 0 and history[0]["learn_episodes"] == len(expert)
     if algo == "dapo":  # the random model earns equal (zero) rewards: dropped groups get refilled
         assert history[0]["episodes"] > TINY["tasks_per_step"] * TINY["group_size"]
-    elif PRESETS[algo].recipe == "rl":
+    elif PRESETS[algo].regime == "rl":
         assert history[0]["episodes"] == TINY["tasks_per_step"] * TINY["group_size"]
 
 
@@ -112,7 +112,12 @@ def test_the_logged_cloning_loss_does_not_depend_on_micro_batching(
             "bc_steps": 3,
             "learning_rate": 0.05,
         }
-        settings |= {"bc_batch_size": 4, "stage1_steps": 0, "micro_batch_size": micro, "minibatch_size": 4}
+        settings |= {
+            "bc_batch_size": 4,
+            "critique_rl.stage1_steps": 0,
+            "micro_batch_size": micro,
+            "minibatch_size": 4,
+        }
         code, output = train(tmp_path / str(micro), "critique-rl", tiny_model_dir, **settings)
         assert code == 0, output
         losses.append([r["loss"] for r in run_metrics(tmp_path / str(micro))])

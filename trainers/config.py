@@ -16,8 +16,10 @@ import yaml
 
 from agentgym.errors import did_you_mean
 from agentgym.policies.adapters import LORA_DEFAULTS
+from agentgym.trainers.agentevol.settings import AgentEvolSettings
 from agentgym.trainers.algorithms import BapoConfig, ClipConfig
 from agentgym.trainers.config_checks import config_problems
+from agentgym.trainers.critique_rl.settings import CritiqueRLSettings
 from agentgym.trainers.presets import PRESETS
 
 FALLBACKS: dict[str, Any] = {
@@ -51,6 +53,29 @@ def _number_kind(f: dataclasses.Field) -> type | None:
         return float if isinstance(default, float) else int
     # Annotations are strings here (``from __future__ import annotations``).
     return {"int | None": int, "float | None": float}.get(str(f.type))
+
+
+def _coerce_numbers(config: Any, prefix: str = "") -> Any:
+    """YAML 1.1 reads ``1e-3`` as a string: numeric fields take numeric strings, and
+    anything else that is not a number is a clear error, not a crash mid-run."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        kind = _number_kind(f)
+        if value is None or isinstance(value, bool) or kind is None:
+            continue
+        try:
+            object.__setattr__(config, f.name, kind(value))  # sections are frozen
+        except (TypeError, ValueError):
+            raise ValueError(f"{prefix}{f.name} must be a number, got {value!r}") from None
+    return config
+
+
+def _section(name: str, settings: type, values: dict[str, Any]) -> Any:
+    """Section ``name`` (a ``settings`` dataclass) from a YAML mapping."""
+    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(settings)})
+    if unknown:
+        raise ValueError(unknown_keys_message([f"{name}.{key}" for key in unknown]))
+    return _coerce_numbers(settings(**values), f"{name}.")
 
 
 @dataclass
@@ -220,7 +245,7 @@ class TrainConfig:
     max_refills: int = 3
     """Dynamic sampling: extra rounds of groups per step at most, to refill the batch."""
 
-    # ----- AgentEvol and the behaviour-cloning warm start --------------------------------
+    # ----- the behaviour-cloning warm start (and AgentEvol's first stage) ----------------
     bc_steps: int = 16
     """Behaviour-cloning steps on expert trajectories before RL (0: none)."""
     bc_batch_size: int = 4
@@ -230,24 +255,12 @@ class TrainConfig:
     bc_max_tokens: int = 1024
     """Demonstrations longer than this are not cloned (a CPU pays per token; short ones teach
     the format); with ``curriculum: fits-horizon`` RL still draws their tasks."""
-    evol_iterations: int = 2
-    """AgentEvol: explore + learn iterations after behaviour cloning."""
-    evol_reward_threshold: float | None = None
-    """AgentEvol: keep explored episodes with reward ≥ this (filtered BC); None weighs by reward."""
 
-    # ----- Critique-RL (algo: critique-rl, env: math) -------------------------------------
-    stage1_steps: int = 2
-    """Critique-RL Stage I steps (reward: the verdict), after the ``bc_steps`` warm start on
-    synthetic critiques; ``steps`` is not used by critique-rl."""
-    stage2_steps: int = 2
-    """Critique-RL Stage II steps (reward: the refined answer + ``stage2_beta`` x the verdict's)."""
-    critiques_per_answer: int = 4
-    """Critique-RL: critiques sampled per actor answer (the RLOO group); ``tasks_per_step``
-    problems, one answer each, per step."""
-    stage2_beta: float = 0.2
-    """Critique-RL: β1, the weight of the verdict reward in Stage II."""
-    stage2_kl_coef: float = 0.05
-    """Critique-RL: weight of the k3 KL to the Stage-I critic in Stage II (0 disables it)."""
+    # ----- the regimes' own sections (each with its checks, in the regime's folder) -------
+    agentevol: AgentEvolSettings = field(default_factory=AgentEvolSettings)
+    """AgentEvol's explore + learn iterations (``algo: agentevol``; ``trainers/agentevol/``)."""
+    critique_rl: CritiqueRLSettings = field(default_factory=CritiqueRLSettings)
+    """Critique-RL's stages (``algo: critique-rl``, env math; ``trainers/critique_rl/``)."""
 
     # ----- bookkeeping -----------------------------------------------------------------
     eval_every: int = 0
@@ -283,11 +296,10 @@ class TrainConfig:
     """The W&B project of ``report_to: [wandb]`` runs (the run is named after the run folder)."""
 
     def __post_init__(self) -> None:
-        self._coerce_numbers()
-        if isinstance(self.clip, dict):
-            self.clip = ClipConfig(**self.clip)
-        if isinstance(self.bapo, dict):
-            self.bapo = BapoConfig(**self.bapo)
+        _coerce_numbers(self)
+        for name, settings in SECTIONS.items():
+            if isinstance(values := getattr(self, name), dict):
+                setattr(self, name, _section(name, settings, values))
         if self.algo not in PRESETS:
             hint = did_you_mean([self.algo], PRESETS)
             raise ValueError(f"unknown algo {self.algo!r}{hint}; choose one of {', '.join(PRESETS)}")
@@ -328,19 +340,6 @@ class TrainConfig:
         """Dr. GRPO's constant per-episode token budget (``seq-sum-norm``)."""
         return self.loss_norm_tokens or self.max_new_tokens * self.longest_horizon
 
-    def _coerce_numbers(self) -> None:
-        """YAML 1.1 reads ``1e-3`` as a string: numeric fields take numeric strings, and
-        anything else that is not a number is a clear error, not a crash mid-run."""
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            kind = _number_kind(f)
-            if value is None or isinstance(value, bool) or kind is None:
-                continue
-            try:
-                setattr(self, f.name, kind(value))
-            except (TypeError, ValueError):
-                raise ValueError(f"{f.name} must be a number, got {value!r}") from None
-
     def validate(self) -> None:
         """Raise one ValueError naming every problem (:func:`config_problems`)."""
         problems = config_problems(self)
@@ -361,6 +360,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
+        values = _nest_flat_keys(values)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
@@ -388,12 +388,42 @@ class TrainConfig:
             else:
                 values[key] = None
         for key, value in overrides.items():
-            head, _, rest = key.partition(".")
+            head, _, rest = FLAT_KEYS.get(key, key).partition(".")
             if rest:
                 free_form = head in FREE_FORM_FIELDS  # env_settings.KEY: the env checks its keys
                 if not isinstance(values.get(head), dict) or (rest not in values[head] and not free_form):
                     raise ValueError(unknown_keys_message([key]))
                 values[head][rest] = value
             else:
-                values[key] = value
+                values[head] = value
         return TrainConfig.from_dict(values)
+
+
+SECTIONS: dict[str, type] = {
+    f.name: f.default_factory
+    for f in dataclasses.fields(TrainConfig)
+    if dataclasses.is_dataclass(f.default_factory)
+}
+"""The nested sections (``clip``, ``bapo``, the regimes'), by field name."""
+
+FLAT_KEYS: dict[str, str] = {
+    f"{settings.FLAT_PREFIX}{leaf.name}": f"{name}.{leaf.name}"
+    for name, settings in SECTIONS.items()
+    if hasattr(settings, "FLAT_PREFIX")
+    for leaf in dataclasses.fields(settings)
+}
+"""Top-level keys of earlier versions that now live in a regime's section, and where
+(``evol_iterations`` -> ``agentevol.iterations``): configs and run folders that use them
+still load."""
+
+
+def _nest_flat_keys(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with every key of :data:`FLAT_KEYS` moved into its section."""
+    nested = dict(values)
+    for flat in values.keys() & FLAT_KEYS.keys():
+        head, _, leaf = FLAT_KEYS[flat].partition(".")
+        section = nested.get(head) or {}
+        if dataclasses.is_dataclass(section):
+            section = dataclasses.asdict(section)
+        nested[head] = {**section, leaf: nested.pop(flat)}
+    return nested

@@ -1,11 +1,11 @@
 """The checks behind ``TrainConfig.validate()``: every problem at once, each a sentence the
 CLI prints (exit code 2), before any model or server starts. The settings every run shares
-are checked here; a training regime's own ones by its entry in :data:`REGIME_PROBLEMS`.
+are checked here; a training regime's own ones by its settings section (``problems``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
 from typing import Any
 
 from agentgym.trainers.algorithms import AGGREGATIONS
@@ -60,7 +60,7 @@ def config_problems(config: Any) -> list[str]:
         if getattr(config, name) < 1:
             problems.append(f"{name} must be at least 1")
     problems += _off_policy_problems(config)
-    problems += REGIME_PROBLEMS.get(config.preset.recipe, _no_problems)(config)
+    problems += _regime_problems(config)
     if config.minibatch_size % config.micro_batch_size:
         problems.append("minibatch_size must be a multiple of micro_batch_size")
     return problems
@@ -87,22 +87,7 @@ def _off_policy_problems(config: Any) -> list[str]:
     return problems
 
 
-def _critique_rl_problems(config: Any) -> list[str]:
-    problems = _on_policy_only(config)
-    if config.env != "math":
-        problems.append("critique-rl trains on env math")
-    if not config.lora or config.generator != "hf":
-        problems.append(
-            "critique-rl needs lora: true and generator: hf (the actor is the base model, adapters off)"
-        )
-    if config.critiques_per_answer < 2:
-        problems.append("critiques_per_answer must be at least 2 (RLOO compares the critiques of one answer)")
-    if config.stage1_steps < 0 or config.stage2_steps < 0:
-        problems.append("stage1_steps and stage2_steps must be at least 0")
-    return problems
-
-
-def _on_policy_only(config: Any) -> list[str]:
+def on_policy_only(config: Any) -> list[str]:
     """A regime that learns from fresh samples of the current policy only."""
     off_policy = (
         config.mode == "async" or config.replay_ratio > 0 or config.partial_rollout_tokens is not None
@@ -115,12 +100,11 @@ def _on_policy_only(config: Any) -> list[str]:
     ]
 
 
-def _no_problems(config: Any) -> list[str]:
+def _regime_problems(config: Any) -> list[str]:
+    """The checks of the settings section that belongs to the regime the preset names (the
+    section whose ``regime`` is the preset's: ``critique_rl:``, ``agentevol:``)."""
+    for f in dataclasses.fields(config):
+        section = getattr(config, f.name)
+        if getattr(section, "regime", None) == config.preset.regime:
+            return section.problems(config)
     return []
-
-
-REGIME_PROBLEMS: dict[str, Callable[[Any], list[str]]] = {
-    "agentevol": _on_policy_only,
-    "critique-rl": _critique_rl_problems,
-}
-"""The checks of a regime's own settings, by the ``recipe`` its preset names (``presets.py``)."""

@@ -3,10 +3,11 @@ resolved config as YAML, each field's doc above it) and the shipped recipes of
 ``agentgym train --recipe ALGO-ENV``.
 
 A recipe is two YAML layers: the env's ``envs/ENV/recipe.yaml`` (what suits the
-environment: turn limits, reply length, format; in the env's own folder) then the algorithm's layer: ``algo: ALGO`` for every preset
-(``presets.py``), plus ``algos/ALGO.yaml`` where an algorithm needs more. An algorithm layer
-that sets ``env`` (critique-rl: math) pairs only with that env. Not to be confused with ``recipes.py``, the training regimes
-(behaviour cloning, the clipped family, AgentEvol) the trainer runs.
+environment: turn limits, reply length, format; in the env's own folder) then the
+algorithm's layer: ``algo: ALGO`` for every preset (``presets.py``), plus
+``algos/ALGO.yaml`` where an algorithm needs more. An algorithm layer that sets ``env``
+(critique-rl: math) pairs only with that env. Not to be confused with the training regimes
+(``regimes.py``, ``agentevol/``, ``critique_rl/``) the trainer runs.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What a training regime (``recipes.py``, ``critique_rl.py``) reads of the trainer: the
+"""What a training regime (``regimes.py``, ``agentevol/``, ``critique_rl/``) reads of the trainer: the
 context the loop (:class:`~agentgym.trainers.loop.Trainer`) provides, written down so the
 regimes never import the loop that runs them."""
 
@@ -23,7 +23,7 @@ class TrainingContext(UpdateContext, Protocol):
     validation_tasks: list[str]
     test_tasks: list[str]
     total_steps: int
-    recipe: Any
+    regime: Any
     """The regime itself (behaviour cloning asks it for demonstrations)."""
 
     def horizon(self, step: int) -> int:

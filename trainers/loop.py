@@ -1,13 +1,13 @@
-"""The trainer: a short loop that runs, at each step, the recipe its algorithm names.
+"""The trainer: a short loop that runs, at each step, the regime its algorithm names.
 
 Steps are numbered globally and checkpointed: steps ``1..bc_steps`` clone demonstrations
-(the warm start, AgentEvol's first stage), the rest are steps of the algorithm's recipe
-(``trainers/recipes.py``, ``trainers/critique_rl.py``). The pieces: the learner (weights,
-optimizer, log-probs, KL reference), the collector (generator, rollouts, replay), the
-registry (``--algo`` names). ``resume`` restarts after the newest complete checkpoint,
-with the same weights, optimizer, RNG, schedule position, replay buffer and metrics, so a
-killed run continues exactly (an async run's in-flight rollouts and paused episodes are
-played anew).
+(the warm start, AgentEvol's first stage), the rest are steps of the algorithm's regime
+(``trainers/regimes.py``, ``trainers/agentevol/``, ``trainers/critique_rl/``). The pieces:
+the learner (weights, optimizer, log-probs, KL reference), the collector (generator,
+rollouts, replay), the registry (``--algo`` names). ``resume`` restarts after the newest
+complete checkpoint, with the same weights, optimizer, RNG, schedule position, replay
+buffer and metrics, so a killed run continues exactly (an async run's in-flight rollouts
+and paused episodes are played anew).
 """
 
 from __future__ import annotations
@@ -34,22 +34,23 @@ from agentgym.policies.hf import HFPolicy
 from agentgym.progress import progress as progress_display
 from agentgym.run_folder import MetricsLog, RunDir, write_play
 from agentgym.trainers import heldout, manifest
+from agentgym.trainers.agentevol.regime import AgentEvol
 from agentgym.trainers.batch import TokenBatch
 from agentgym.trainers.collector import Collector, RewardHook, held_out_play
 from agentgym.trainers.config import TrainConfig
-from agentgym.trainers.critique_rl import CritiqueRL
+from agentgym.trainers.critique_rl.regime import CritiqueRL
 from agentgym.trainers.distributed import DataParallel
 from agentgym.trainers.generators import start_generator
 from agentgym.trainers.guards import CollapseGuard
 from agentgym.trainers.learner import Learner
-from agentgym.trainers.recipes import AgentEvol, ClippedRL, behaviour_cloning
+from agentgym.trainers.regimes import ClippedRL, behaviour_cloning
 from agentgym.trainers.reporting import open_sinks
 from agentgym.trainers.schedules import FixedHorizon, ScalingInterHorizon
 
 log = logging.getLogger(__name__)
 
-RECIPES = {"rl": ClippedRL, "agentevol": AgentEvol, "critique-rl": CritiqueRL}
-"""What a preset's ``recipe`` names (``trainers/registry.py``)."""
+REGIMES = {"rl": ClippedRL, "agentevol": AgentEvol, "critique-rl": CritiqueRL}
+"""The regime a preset names (``Preset.regime``, ``trainers/presets.py``)."""
 
 REPLAY_FILE = "replay.jsonl"
 """The replay buffer's samples, saved inside each checkpoint folder."""
@@ -78,8 +79,8 @@ class Trainer:
             if config.schedule == "scaling-inter"
             else FixedHorizon(config.max_turns)
         )
-        self.recipe_class = RECIPES[config.preset.recipe]
-        self.total_steps = config.bc_steps + self.recipe_class.rl_steps(config)
+        self.regime_class = REGIMES[config.preset.regime]
+        self.total_steps = config.bc_steps + self.regime_class.rl_steps(config)
         # Set up by run(): the process group, the env server, the event loop, the model.
         self.dp = DataParallel()
         self.url = ""
@@ -93,7 +94,7 @@ class Trainer:
         self.test_tasks: list[str] = []
         """The before/after report's panel, played at those two points only."""
         self.collector: Collector | None = None
-        self.recipe: Any = None
+        self.regime: Any = None
         self.metrics: MetricsLog | None = None
         self.guard = CollapseGuard(config.entropy_floor, config.invalid_rise)
         self.version = 0
@@ -138,7 +139,7 @@ class Trainer:
                 if step <= self.config.bc_steps:
                     record = behaviour_cloning(self, step)
                 else:
-                    record = self.recipe.step(step)
+                    record = self.regime.step(step)
                 self._set_version(step)
                 record.update(step_s=round(time.perf_counter() - started, 2), cpu_idle_share=_idle_share(cpu))
                 record.setdefault("lr", self.learner.optimizer.param_groups[0]["lr"])
@@ -151,9 +152,9 @@ class Trainer:
     def _finish_step(self, step: int, record: dict[str, Any]) -> None:
         """Rank 0: evaluate when due, log the step, checkpoint when due."""
         if self._validation_due(step):
-            record.update(self.recipe.evaluate(step, split="validation"))
+            record.update(self.regime.evaluate(step, split="validation"))
         if self._eval_due(step):
-            record.update(self.recipe.evaluate(step))
+            record.update(self.regime.evaluate(step))
         warnings = self.guard.check(record)
         if warnings:
             record["warnings"] = warnings
@@ -176,7 +177,7 @@ class Trainer:
         resumed before its first checkpoint keeps the evaluation it already logged."""
         if self.config.bc_steps or any(r.get("phase") == "start" for r in self.metrics.read()):
             return
-        self.metrics.log({"step": 0, "phase": "start"} | self.recipe.evaluate(0))
+        self.metrics.log({"step": 0, "phase": "start"} | self.regime.evaluate(0))
 
     def _eval_due(self, step: int) -> bool:
         """The test panel: at the end of behaviour cloning (the "before" of RL) and at the
@@ -227,7 +228,7 @@ class Trainer:
         except Exception as exc:
             log.warning("manifest.json not written: %s", exc)
 
-    # ----- what recipes use ------------------------------------------------------------
+    # ----- what regimes use ------------------------------------------------------------
 
     def horizon(self, step: int) -> int:
         """Max turns at ``step``: the schedule's, counted from the first RL step."""
@@ -297,7 +298,7 @@ class Trainer:
             self.run_dir.path,
             self.reward,
         )
-        self.recipe = self.recipe_class(self)
+        self.regime = self.regime_class(self)
 
     def _list_tasks(self) -> None:
         """The env's train, validation and test task ids; :class:`SetupError` when it has no

@@ -14,8 +14,9 @@ from typing import Any
 class Preset:
     summary: str
     """One line for ``agentgym train --help`` and the docs: what the name promises."""
-    recipe: str
-    """``rl`` (the clipped family), ``agentevol`` or ``critique-rl`` (see ``recipes.py``)."""
+    regime: str
+    """The training regime: ``rl`` (the clipped family, ``regimes.py``), ``agentevol`` or
+    ``critique-rl`` (their folders); the trainer's ``REGIMES`` maps it to the regime."""
     advantage: str = "grpo"
     clip_rule: str = "fixed"
     defaults: dict[str, Any] = field(default_factory=dict)
@@ -72,7 +73,7 @@ PRESETS: dict[str, Preset] = {
         defaults={"kl_coef": 0.01},
     ),
 }
-"""``--algo`` names. AgentEvol and Critique-RL use their own recipes (``recipes.py``)."""
+"""``--algo`` names. AgentEvol and Critique-RL train in their own regimes."""
 
 
 def algo_help() -> str:

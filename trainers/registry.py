@@ -6,7 +6,7 @@ ratio bounds of the clipped policy loss), the recipe that trains with them, and 
 defaults its paper uses. The trainer looks things up here and never branches on a name.
 
 Adding an algorithm: one function (an estimator below, a clip rule, or a recipe in
-``recipes.py``) plus one entry here, and its preset in ``presets.py``. Estimator and clip rule are independent config fields
+``regimes.py``) plus one entry here, and its preset in ``presets.py``. Estimator and clip rule are independent config fields
 (``advantage``, ``clip_rule``), so BAPO's clipping composes with any estimator.
 """
 

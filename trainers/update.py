@@ -1,5 +1,5 @@
-"""The clipped policy update every clipped-ratio regime runs (``recipes.py``'s
-:class:`~agentgym.trainers.recipes.ClippedRL`, Critique-RL): minibatches in a seeded order,
+"""The clipped policy update every clipped-ratio regime runs (``regimes.py``'s
+:class:`~agentgym.trainers.regimes.ClippedRL`, Critique-RL): minibatches in a seeded order,
 one optimizer step of the clipped surrogate each, under the configured clip rule, and the
 figures of what the bounds did. It reads only a narrow :class:`UpdateContext` of the
 trainer, so a benchmark or a test drives it without a running trainer.

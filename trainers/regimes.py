@@ -1,12 +1,12 @@
-"""One recipe per training regime, each a step you can read top to bottom.
+"""The training regimes, each a step you can read top to bottom.
 
 * :func:`behaviour_cloning`: the warm start (and AgentEvol's first stage);
 * :class:`ClippedRL`: the clipped-ratio family (BAPO, GRPO, DAPO, Dr. GRPO, RLOO,
   REINFORCE++, PPO-clip), which differ only in registry entries;
-* :class:`AgentEvol`: explore, then reward-weighted learning from the base model;
-* Critique-RL lives in ``critique_rl.py``; the clipped update they share in ``update.py``.
+* AgentEvol (``agentevol/``) and Critique-RL (``critique_rl/``) live in their own folders,
+  each with its config section; the clipped update they share is in ``update.py``.
 
-A recipe gets the trainer as a :class:`~agentgym.trainers.context.TrainingContext`
+A regime gets the trainer as a :class:`~agentgym.trainers.context.TrainingContext`
 (config, learner, collector, run folder) and returns the step's metrics record.
 """
 
@@ -17,16 +17,11 @@ import random
 import time
 from typing import Any
 
-import torch
-
 from agentgym.agents.tokens import sampled_versions
 from agentgym.policies.base import Generation, GenerationRequest, SamplingParams
 from agentgym.policies.chat import end_of_turn_id, reply_ids
 from agentgym.rollout import EpisodeSpec, run_episodes
-from agentgym.trainers.algorithms import (
-    agentevol_weights,
-    weighted_nll,
-)
+from agentgym.trainers.algorithms import weighted_nll
 from agentgym.trainers.batch import collate
 from agentgym.trainers.collector import rollout_config, sampling
 from agentgym.trainers.context import TrainingContext
@@ -79,7 +74,7 @@ def nll(learner: Learner) -> PerTokenLoss:
 
 def behaviour_cloning(trainer: TrainingContext, step: int) -> dict[str, Any]:
     """One optimizer step of likelihood on a minibatch of demonstrations."""
-    demos = trainer.recipe.demonstrations()
+    demos = trainer.regime.demonstrations()
     chosen = random.Random(trainer.config.seed * 7919 + step).sample(
         demos, min(trainer.config.bc_batch_size, len(demos))
     )
@@ -87,7 +82,7 @@ def behaviour_cloning(trainer: TrainingContext, step: int) -> dict[str, Any]:
     batch = trainer.minibatch(collate(chosen, [1.0] * len(chosen), trainer.pad_id))
     loss = trainer.learner.optimize(batch, nll(trainer.learner))
     figures = {"loss": loss, "grad_norm": trainer.learner.grad_norm, "episodes": len(chosen)}
-    return {"step": step, "phase": "bc", **figures, "update_s": _since(start)}
+    return {"step": step, "phase": "bc", **figures, "update_s": seconds_since(start)}
 
 
 # ----- the clipped family --------------------------------------------------------------------
@@ -118,7 +113,7 @@ class ClippedRL:
         start, horizon = time.perf_counter(), trainer.horizon(step)
         episodes, samples, figures = trainer.collector.collect(step, trainer.version, horizon)
         record = {"step": step, "phase": "rl", "mode": config.mode, "max_turns": horizon}
-        record |= rollout_stats(episodes) | figures | {"wait_s": _since(start)}
+        record |= rollout_stats(episodes) | figures | {"wait_s": seconds_since(start)}
         if config.mode == "async" and step < trainer.total_steps:
             trainer.collector.launch(step + 1, trainer.horizon(step + 1))
         start = time.perf_counter()
@@ -131,7 +126,7 @@ class ClippedRL:
             record |= trainer.in_background(update_policy, trainer, batch, config.kl_coef, sampled_now)
         else:
             record |= {"updates": [], "skipped": "no episode to train on this step"}
-        return record | {"update_s": _since(start)}
+        return record | {"update_s": seconds_since(start)}
 
     def demonstrations(self) -> list[dict[str, Any]]:
         """Token records of the expert's episodes on the first ``bc_episodes`` train tasks."""
@@ -218,7 +213,7 @@ class ClippedRL:
         outcomes = {e.task_id: float(e.success) for e in episodes}
         stats = rollout_stats(episodes)
         return {
-            f"{prefix}_success_rate": _mean(outcomes.values()),
+            f"{prefix}_success_rate": average(outcomes.values()),
             f"{prefix}_invalid_share": stats["invalid_share"],
             f"{prefix}_context_full": stats["context_full"],
             f"{prefix}_outcomes": outcomes,
@@ -240,36 +235,6 @@ class ClippedRL:
         return episodes
 
 
-class AgentEvol(ClippedRL):
-    """AgentEvol: explore (sample episodes), then learn from the base model again on
-    expert ∪ explored, each episode weighted by its reward (filtered BC with a threshold)."""
-
-    @staticmethod
-    def rl_steps(config: Any) -> int:
-        return config.evol_iterations
-
-    def step(self, step: int) -> dict[str, Any]:
-        trainer, config = self.trainer, self.trainer.config
-        start = time.perf_counter()
-        explored, _, _ = trainer.collector.collect(step, trainer.version, config.max_turns)
-        explored = [e for e in explored if not e.errored and e.token_ids]
-        record = {"step": step, "phase": "rl", "max_turns": config.max_turns, **rollout_stats(explored)}
-        record["rollout_s"] = _since(start)
-        trainer.learner.reset_to_initial()
-        rewards = torch.tensor([e.score for e in explored])
-        expert = self.cloneable()
-        weights = [1.0] * len(expert) + agentevol_weights(rewards, config.evol_reward_threshold).tolist()
-        # Zero-weight episodes teach nothing and would only dilute the token mean.
-        data = [(e, w) for e, w in zip([*expert, *explored], weights, strict=True) if w > 0]
-        rng = random.Random(config.seed * 104729 + len(explored))
-        losses = []
-        for _ in range(max(1, config.bc_steps)):
-            chosen = rng.sample(data, min(config.minibatch_size, len(data)))
-            batch = collate([token_record(e) for e, _ in chosen], [w for _, w in chosen], trainer.pad_id)
-            losses.append(trainer.learner.optimize(trainer.minibatch(batch), nll(trainer.learner)))
-        return record | {"loss": _mean(losses), "learn_episodes": len(data), "update_s": _since(start)}
-
-
 # ----- figures ---------------------------------------------------------------------------------
 
 
@@ -285,9 +250,9 @@ def rollout_stats(episodes: list[Trajectory]) -> dict[str, Any]:
     return {
         "episodes": len(episodes),
         "errored": len(episodes) - len(finished),
-        "success_rate": _mean(float(e.success) for e in finished),
-        "reward_mean": _mean(e.score for e in finished),
-        "turns_mean": _mean(e.turns for e in finished),
+        "success_rate": average(float(e.success) for e in finished),
+        "reward_mean": average(e.score for e in finished),
+        "turns_mean": average(e.turns for e in finished),
         "invalid_share": _share(sum(e.invalid_turns for e in finished), sum(e.turns for e in finished)),
         "context_full": sum(e.end_reason == "context_full" for e in finished),
         "generated_tokens": sum(e.generated_tokens or 0 for e in finished),
@@ -301,10 +266,10 @@ def _share(part: float, whole: float) -> float:
     return round(part / whole, 4) if whole else 0.0
 
 
-def _mean(values: Any) -> float:
+def average(values: Any) -> float:
     values = list(values)
     return float(sum(values) / len(values)) if values else 0.0
 
 
-def _since(start: float) -> float:
+def seconds_since(start: float) -> float:
     return round(time.perf_counter() - start, 2)

@@ -1,4 +1,4 @@
-"""Critique-RL's pieces for the trainer (``algo: critique-rl``; docs/algorithms/critique-rl.md).
+"""Critique-RL as a training regime (``algo: critique-rl``; docs/algorithms/critique-rl.md).
 
 The trained model is the critic; the actor is the same model with its LoRA adapters
 switched off (the frozen base). Steps run in three phases: behaviour cloning on synthetic
@@ -105,7 +105,7 @@ def demonstrations(
     return records
 
 
-# ----- the actor and the recipe -------------------------------------------------------------------
+# ----- the actor and the regime --------------------------------------------------------------------
 
 
 class BaseModelActor:
@@ -148,20 +148,21 @@ class CritiqueRL:
 
     @staticmethod
     def rl_steps(config: Any) -> int:
-        return config.stage1_steps + config.stage2_steps
+        return config.critique_rl.stage1_steps + config.critique_rl.stage2_steps
 
     def step(self, step: int) -> dict[str, Any]:
         trainer, config = self.trainer, self.trainer.config
-        stage = stage_of(step - config.bc_steps, config.stage1_steps)
-        reference, kl_coef = REFERENCES[stage], config.kl_coef if stage == 1 else config.stage2_kl_coef
+        settings = config.critique_rl
+        stage = stage_of(step - config.bc_steps, settings.stage1_steps)
+        reference, kl_coef = REFERENCES[stage], config.kl_coef if stage == 1 else settings.stage2_kl_coef
         if kl_coef:
             trainer.learner.take_reference(trainer.run_dir.path / reference)
         rng = random.Random(config.seed * 1_000_003 + step)  # same problems after a resume
         problems = rng.sample(self.train_problems, min(config.tasks_per_step, len(self.train_problems)))
         start = time.perf_counter()
         records = trainer.dp.gather(trainer.complete(self._round(trainer.dp.shard(problems), greedy=False)))
-        rewards = stage_rewards(records, stage, config.stage2_beta)
-        groups = rloo_groups(len(records), config.critiques_per_answer)
+        rewards = stage_rewards(records, stage, settings.stage2_beta)
+        groups = rloo_groups(len(records), settings.critiques_per_answer)
         advantages = ADVANTAGE_ESTIMATORS[config.advantage]([_Scored(float(r)) for r in rewards], groups)
         samples = [r.critic_sample(trainer.learner.policy.prompt_ids(r.critic_prompt)) for r in records]
         record = {
@@ -184,7 +185,7 @@ class CritiqueRL:
             problems,
             sampling(config, greedy),
             refine_sampling=sampling(config, greedy=True),
-            n_critiques=1 if greedy else config.critiques_per_answer,
+            n_critiques=1 if greedy else config.critique_rl.critiques_per_answer,
             key=self.key,
         )
 
