@@ -26,8 +26,7 @@ from agentgym.trainers.algorithms import (
     token_weights,
     weighted_nll,
 )
-from agentgym.trainers.batch import collate
-from agentgym.trainers.regimes import token_record
+from agentgym.trainers.batch import collate, token_record
 from agentgym.trainers.registry import ADVANTAGE_ESTIMATORS
 from agentgym.trainers.schedules import FixedHorizon, ScalingInterHorizon
 from agentgym.trajectory import Trajectory

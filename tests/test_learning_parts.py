@@ -24,7 +24,7 @@ from agentgym.policies.expert import ExpertPolicy
 from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
 from agentgym.trainers import heldout
 from agentgym.trainers.guards import CollapseGuard
-from agentgym.trainers.regimes import TokenizedExpert
+from agentgym.trainers.services import TokenizedExpert
 from agentgym.trajectory import read_trajectories
 
 COIN = "tw-coin_collector/level1/s0"

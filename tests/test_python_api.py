@@ -1,14 +1,18 @@
 """Training from Python (``agentgym.trainers.train``), with a custom reward: the hook sees
 every finished episode, its score is what the advantages are computed from, and the saved
-rollouts keep the env's."""
+rollouts keep the env's. Then evaluating the run from Python (``agentgym.api.evaluate``)."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
+import pytest
 from conftest import TINY_RUN
 
+from agentgym.api import evaluate
+from agentgym.evaluation import UsageError
 from agentgym.trainers import TrainConfig, train
 from agentgym.trajectory import Trajectory, read_trajectories
 
@@ -42,3 +46,27 @@ def test_train_from_python_with_a_custom_reward(
     # By the env's scores (kept in the rollouts) some group ties: its episodes would carry no gradient.
     assert any(len(scores) == 1 for scores in groups.values()), groups
     assert TrainConfig.load(run / "config.yaml").env == "choice"
+
+    # Evaluate the run from Python: it plays as the run's held-out evaluation did.
+    results = evaluate("choice", run, n=3, url=choice_url, out=tmp_path / "eval")
+    assert results["tasks"] == 3 and results["ran"] == 3 and results["out_dir"] == str(tmp_path / "eval")
+    played = json.loads((run / "play.json").read_text())
+    assert (results["format"], results["config"]["max_new_tokens"]) == ("plain", TINY_RUN["max_new_tokens"])
+    assert results["config"]["constrain_actions"] == played["constrain_actions"]
+    again = evaluate("choice", run, n=3, url=choice_url, out=tmp_path / "eval")
+    assert (again["resumed"], again["ran"], again["success_rate"]) == (3, 0, results["success_rate"])
+    with pytest.raises(UsageError, match="played with other settings"):  # would relabel its episodes
+        evaluate("choice", run, n=3, url=choice_url, out=tmp_path / "eval", play={"max_new_tokens": 2})
+
+
+def test_evaluate_refuses_bad_arguments_before_any_server_or_model(tmp_path: Path) -> None:
+    start = time.monotonic()
+    with pytest.raises(UsageError, match=r"unknown environment 'textwrld' \(did you mean textworld"):
+        evaluate("textwrld", out=tmp_path / "a")
+    with pytest.raises(UsageError, match="unknown agent format 'prose'"):
+        evaluate("choice", play={"agent_format": "prose"}, out=tmp_path / "b")
+    with pytest.raises(UsageError, match="unknown play settings max_turn;"):
+        evaluate("choice", play={"max_turn": 3}, out=tmp_path / "c")
+    with pytest.raises(UsageError, match="constrain_actions needs policy hf"):
+        evaluate("choice", policy="openai", play={"constrain_actions": True}, out=tmp_path / "d")
+    assert time.monotonic() - start < 10 and not any(tmp_path.iterdir())

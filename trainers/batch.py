@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from agentgym.trainers.algorithms import token_weights
+from agentgym.trajectory import Trajectory
 
 
 @dataclass
@@ -232,3 +233,13 @@ def vocabulary_mask(allowed: Tensor, vocabulary: int) -> Tensor | None:
     rows, slots = (allowed >= 0).nonzero(as_tuple=True)
     mask[rows, allowed[rows, slots]] = True
     return mask
+
+
+def token_record(trajectory: Trajectory) -> dict[str, Any]:
+    """A trajectory as a ``collate`` record."""
+    return {
+        "token_ids": trajectory.token_ids,
+        "loss_mask": trajectory.loss_mask,
+        "logprobs": trajectory.logprobs,
+        "reply_choices": trajectory.reply_choices,
+    }

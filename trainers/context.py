@@ -1,37 +1,29 @@
-"""What a training regime (``regimes.py``, ``agentevol/``, ``critique_rl/``) reads of the trainer: the
-context the loop (:class:`~agentgym.trainers.loop.Trainer`) provides, written down so the
-regimes never import the loop that runs them."""
+"""What a training regime (``regimes.py``, ``agentevol/``, ``critique_rl/``) reads of the
+trainer: the run (config, learner, collector, run folder, tasks), the services every regime
+uses (``services.py``) and the loop's few hooks, written down so the regimes never import
+the loop that runs them."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from agentgym.run_folder import RunDir
-from agentgym.trainers.collector import Collector
+from agentgym.trainers.services import ExpertDemonstrations, GreedyPlay, RunContext
 from agentgym.trainers.update import UpdateContext
 
 
-class TrainingContext(UpdateContext, Protocol):
-    collector: Collector
-    run_dir: RunDir
-    url: str
-    """The env server's URL."""
-    tokenizer: Any
+class TrainingContext(RunContext, UpdateContext, Protocol):
+    demos: ExpertDemonstrations
+    """The expert's episodes (behaviour cloning, curricula, AgentEvol)."""
+    greedy: GreedyPlay
+    """Greedy play with the current weights (held-out evaluation, curricula)."""
     pad_id: int
-    train_tasks: list[str]
-    validation_tasks: list[str]
-    test_tasks: list[str]
     total_steps: int
     regime: Any
     """The regime itself (behaviour cloning asks it for demonstrations)."""
 
     def horizon(self, step: int) -> int:
         """The turn limit of ``step`` (the schedule's)."""
-        ...
-
-    def complete(self, coroutine: Any) -> Any:
-        """Run ``coroutine`` to its end on the trainer's event loop."""
         ...
 
     def in_background(self, work: Callable[..., Any], *args: Any) -> Any:

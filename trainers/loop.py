@@ -46,6 +46,7 @@ from agentgym.trainers.learner import Learner
 from agentgym.trainers.regimes import ClippedRL, behaviour_cloning
 from agentgym.trainers.reporting import open_sinks
 from agentgym.trainers.schedules import FixedHorizon, ScalingInterHorizon
+from agentgym.trainers.services import ExpertDemonstrations, GreedyPlay
 
 log = logging.getLogger(__name__)
 
@@ -298,6 +299,7 @@ class Trainer:
             self.run_dir.path,
             self.reward,
         )
+        self.demos, self.greedy = ExpertDemonstrations(self), GreedyPlay(self)
         self.regime = self.regime_class(self)
 
     def _list_tasks(self) -> None:

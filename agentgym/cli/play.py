@@ -47,16 +47,6 @@ T = TypeVar("T")
 commands = typer.Typer()
 
 
-PLAY_DEFAULTS: dict[str, Any] = {
-    "agent_format": "react",
-    "max_new_tokens": 128,
-    "max_turns": None,
-    "show_actions": False,
-    "constrain_actions": False,
-}
-"""How ``eval`` plays a model that is not a training run, where no option says otherwise."""
-
-
 def _require_policy(kind: str) -> None:
     from agentgym.policies import POLICY_KINDS
 
@@ -65,35 +55,23 @@ def _require_policy(kind: str) -> None:
 
 
 def _rollout_config(
-    agent_format: str,
-    max_turns: int | None,
-    concurrency: int,
-    temperature: float,
-    max_new_tokens: int,
-    history_turns: int | None,
-    show_actions: bool = False,
-    constrain_actions: bool = False,
+    play: dict[str, Any], concurrency: int, temperature: float, history_turns: int | None = None
 ) -> RolloutConfig:
-    from agentgym.agents import FORMATS
-    from agentgym.policies.base import SamplingParams
-    from agentgym.rollout import RolloutConfig
+    from agentgym.api import rollout_config
+    from agentgym.evaluation import UsageError
 
-    if agent_format not in FORMATS:
-        raise fail(f"unknown agent format {agent_format!r}; formats are {', '.join(FORMATS)}", EXIT_USAGE)
-    return RolloutConfig(
-        max_turns=max_turns,
-        concurrency=concurrency,
-        sampling=SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens),
-        format=agent_format,
-        history_turns=history_turns,
-        show_actions=show_actions or constrain_actions,
-        constrain_actions=constrain_actions,
-    )
+    try:
+        return rollout_config(
+            play, concurrency=concurrency, temperature=temperature, history_turns=history_turns
+        )
+    except UsageError as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
 
 
 def _as_the_run_played(model: str | None, policy: str) -> dict[str, Any]:
     """``PLAY_DEFAULTS``, or, for a training run or a model exported from one, how the run's
     held-out evaluation played (its model was trained on that format and those observations)."""
+    from agentgym.api import PLAY_DEFAULTS
     from agentgym.trainers.collector import evaluation_rollout
 
     try:
@@ -226,8 +204,6 @@ def evaluate_policy(
         EXIT_INFRASTRUCTURE,
         RESULTS_FILE,
         TRAJECTORIES_FILE,
-        EvalConfig,
-        evaluate,
         infrastructure_failure,
     )
 
@@ -246,38 +222,75 @@ def evaluate_policy(
     }
     played = _as_the_run_played(model, policy)
     play = {name: played[name] if value is None else value for name, value in given.items()}
-    rollout = _rollout_config(
-        play["agent_format"],
-        play["max_turns"],
-        concurrency,
-        temperature,
-        play["max_new_tokens"],
-        history_turns,
-        play["show_actions"],
-        play["constrain_actions"],
-    )
     choice = PolicyChoice(policy, model, base_url, api_key, concurrency, tool_calls)
     if critic is not None:
         from agentgym.critic_eval import CRITIC_ENVS
 
+        rollout = _rollout_config(play, concurrency, temperature, history_turns)
         check_model_loads(policy, critic)
         if env in CRITIC_ENVS:
             _evaluate_with_critic(env, split, n, k, choice, critic, rollout.sampling, out, url)
         else:
             _evaluate_episodes_with_critic(env, split, n, choice, critic, rollout, out, url, token)
         return
-    config = EvalConfig(env=env, out_dir=out, split=split, n=n, k=k, rollout=rollout, seed=seed)
-
-    async def job(server_url: str, built: Policy, callbacks: EpisodeCallbacks) -> dict[str, Any]:
-        on_plan, on_episode = callbacks
-        return await evaluate(server_url, built, config, token=token, on_plan=on_plan, on_episode=on_episode)
-
-    results = _run_policy_job(env, url, out / "servers", token, job, choice)
+    results = _evaluate(env, choice, split, n, k, out, url, token, seed, temperature, history_turns, play)
     console.print(results_table(results))
     console.print(families_table(results))
     console.print(f"results: {out / RESULTS_FILE}\ntrajectories: {out / TRAJECTORIES_FILE}")
     if reason := infrastructure_failure(results, max_error_rate):
         raise fail(reason, EXIT_INFRASTRUCTURE)
+
+
+def _evaluate(
+    env: str,
+    choice: PolicyChoice,
+    split: str,
+    n: int | None,
+    k: int,
+    out: Path,
+    url: str | None,
+    token: str | None,
+    seed: int,
+    temperature: float,
+    history_turns: int | None,
+    play: dict[str, Any],
+) -> dict[str, Any]:
+    """:func:`agentgym.api.evaluate` under an episode progress bar; exit 2 on bad arguments,
+    1 when the local server does not start."""
+    from agentgym.api import ServerStartError, evaluate
+    from agentgym.evaluation import UsageError
+
+    progress, on_plan, on_episode = episode_progress()
+    console.print(f"starting a local {env} server ..." if url is None else f"connecting to {url} ...")
+    try:
+        with progress:
+            return evaluate(
+                env,
+                choice.model,
+                policy=choice.kind,
+                split=split,
+                n=n,
+                k=k,
+                out=out,
+                url=url,
+                token=token,
+                seed=seed,
+                concurrency=choice.concurrency,
+                temperature=temperature,
+                history_turns=history_turns,
+                play=play,
+                policy_args={
+                    "base_url": choice.base_url,
+                    "api_key": choice.api_key,
+                    "tool_calls": choice.tool_calls,
+                },
+                on_plan=on_plan,
+                on_episode=on_episode,
+            )
+    except UsageError as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
+    except ServerStartError as exc:
+        raise fail(str(exc)) from None
 
 
 def _evaluate_with_critic(
@@ -415,7 +428,14 @@ def collect(
         raise fail(
             f"unknown --format {output_format!r}; choose one of {', '.join(DATASET_FORMATS)}", EXIT_USAGE
         )
-    rollout = _rollout_config(agent_format, max_turns, concurrency, temperature, max_new_tokens, None)
+    play = {
+        "agent_format": agent_format,
+        "max_turns": max_turns,
+        "max_new_tokens": max_new_tokens,
+        "show_actions": False,
+        "constrain_actions": False,
+    }
+    rollout = _rollout_config(play, concurrency, temperature)
 
     async def job(server_url: str, built: Policy, callbacks: EpisodeCallbacks) -> dict[str, int]:
         on_plan, on_episode = callbacks

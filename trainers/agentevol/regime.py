@@ -10,8 +10,9 @@ from typing import Any
 import torch
 
 from agentgym.trainers.algorithms import agentevol_weights
-from agentgym.trainers.batch import collate
-from agentgym.trainers.regimes import ClippedRL, average, nll, rollout_stats, seconds_since, token_record
+from agentgym.trainers.batch import collate, token_record
+from agentgym.trainers.figures import average, rollout_stats, seconds_since
+from agentgym.trainers.regimes import ClippedRL, nll
 
 
 class AgentEvol(ClippedRL):
@@ -31,7 +32,7 @@ class AgentEvol(ClippedRL):
         record["rollout_s"] = seconds_since(start)
         trainer.learner.reset_to_initial()
         rewards = torch.tensor([e.score for e in explored])
-        expert = self.cloneable()
+        expert = trainer.demos.cloneable()
         weights = [1.0] * len(expert) + agentevol_weights(rewards, config.agentevol.reward_threshold).tolist()
         # Zero-weight episodes teach nothing and would only dilute the token mean.
         data = [(e, w) for e, w in zip([*expert, *explored], weights, strict=True) if w > 0]

@@ -1,0 +1,175 @@
+"""Evaluating from Python: what ``agentgym eval`` does, in a few lines.
+
+    from agentgym.api import evaluate
+
+    results = evaluate("textworld", model="runs/mine", n=32)  # plays as the run's evaluation did
+    results = evaluate("choice", policy="openai", model="my-model", n=16,
+                       policy_args={"base_url": "http://127.0.0.1:8001/v1"})
+    print(results["success_rate"], results["out_dir"])
+
+A local server for the env is started (on a free port) unless ``url`` is given; results go
+to ``out`` as ``results.json`` and ``trajectories.jsonl``, and a second call with the same
+``out`` resumes (and refuses settings that would relabel its episodes). Training from
+Python is :func:`agentgym.trainers.train`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agentgym import registry
+from agentgym.agents import FORMATS
+from agentgym.errors import AgentGymError
+from agentgym.evaluation import (
+    EvalConfig,
+    UsageError,
+    build_policy,
+    check_policy_model,
+    check_server,
+    env_server,
+)
+from agentgym.evaluation import evaluate as evaluate_on
+from agentgym.policies.base import SamplingParams
+from agentgym.policies.runs import run_of
+from agentgym.rollout import RolloutConfig
+from agentgym.run_folder import read_play
+from agentgym.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
+
+PLAY_DEFAULTS: dict[str, Any] = {
+    "agent_format": "react",
+    "max_new_tokens": 128,
+    "max_turns": None,
+    "show_actions": False,
+    "constrain_actions": False,
+}
+"""How a model that is not a training run plays, where nothing says otherwise (``max_turns``
+None: the env's limit)."""
+
+
+def played_by(model: str | Path | None) -> dict[str, Any] | None:
+    """How the training run or exported model ``model`` played its held-out evaluations (its
+    play record, :data:`~agentgym.run_folder.PLAY_KEYS`); None for any other model."""
+    if model is None:
+        return None
+    folder = run_of(str(model)) or (Path(model) if Path(model).is_dir() else None)
+    return read_play(folder) if folder is not None else None
+
+
+def play_settings(model: str | Path | None, given: dict[str, Any] | None = None) -> dict[str, Any]:
+    """:data:`PLAY_DEFAULTS`, over them how ``model``'s run played (if it is one), over that
+    the ``given`` settings that are not None."""
+    played = played_by(model) or {}
+    settings = PLAY_DEFAULTS | {key: played[key] for key in PLAY_DEFAULTS if key in played}
+    unknown = set(given or {}) - set(PLAY_DEFAULTS)
+    if unknown:
+        raise UsageError(
+            f"unknown play settings {', '.join(sorted(unknown))}; they are {', '.join(PLAY_DEFAULTS)}"
+        )
+    return settings | {key: value for key, value in (given or {}).items() if value is not None}
+
+
+def rollout_config(
+    play: dict[str, Any], *, concurrency: int, temperature: float, history_turns: int | None = None
+) -> RolloutConfig:
+    """The rollout of a full set of play settings; ``UsageError`` for an unknown format."""
+    if play["agent_format"] not in FORMATS:
+        raise UsageError(f"unknown agent format {play['agent_format']!r}; formats are {', '.join(FORMATS)}")
+    return RolloutConfig(
+        max_turns=play["max_turns"],
+        concurrency=concurrency,
+        sampling=SamplingParams(temperature=temperature, max_new_tokens=play["max_new_tokens"]),
+        format=play["agent_format"],
+        history_turns=history_turns,
+        show_actions=play["show_actions"] or play["constrain_actions"],
+        constrain_actions=play["constrain_actions"],
+    )
+
+
+def evaluate(
+    env: str,
+    model: str | Path | None = None,
+    *,
+    policy: str = "hf",
+    split: str = "test",
+    n: int | None = None,
+    k: int = 1,
+    out: str | Path | None = None,
+    url: str | None = None,
+    token: str | None = None,
+    seed: int = 0,
+    concurrency: int = 8,
+    temperature: float | None = None,
+    history_turns: int | None = None,
+    play: dict[str, Any] | None = None,
+    policy_args: dict[str, Any] | None = None,
+    on_plan: Callable[[int, int], None] | None = None,
+    on_episode: Callable[[Trajectory], None] | None = None,
+) -> dict[str, Any]:
+    """Evaluate ``model`` (a policy of kind ``policy``) on the first ``n`` tasks of ``env``'s
+    ``split``, ``k`` samples each, and return the results (``out_dir`` among them).
+
+    Args:
+        play: ``agent_format``, ``max_new_tokens``, ``max_turns``, ``show_actions``,
+            ``constrain_actions``; those left out come from the model's training run when it
+            is one (or was exported from one), else :data:`PLAY_DEFAULTS`.
+        policy_args: ``base_url``, ``api_key``, ``tool_calls`` (``policy="openai"``).
+        temperature: None: greedy for ``k=1``, else 1.
+        history_turns: earlier turns the prompt keeps (None: all).
+        on_plan, on_episode: progress callbacks, ``on_plan(total, already_done)`` once,
+            ``on_episode(trajectory)`` after each episode.
+
+    Raises :class:`~agentgym.evaluation.UsageError` for bad arguments, before any server
+    starts or model loads, and :class:`ServerStartError` when the local env server fails.
+    """
+    if url is None:
+        _require_registered(env)
+    settings = play_settings(model if policy == "hf" else None, play)
+    if settings["constrain_actions"] and policy != "hf":
+        raise UsageError("constrain_actions needs policy hf (the others decode unconstrained)")
+    rollout = rollout_config(
+        settings,
+        concurrency=concurrency,
+        temperature=(0.0 if k == 1 else 1.0) if temperature is None else temperature,
+    )
+    out_dir = Path(out or Path("runs/eval") / f"{env}-{split}-{policy}-{time.strftime('%Y%m%d-%H%M%S')}")
+    config = EvalConfig(env=env, out_dir=out_dir, split=split, n=n, k=k, rollout=rollout, seed=seed)
+    spec = None if model is None else str(model)
+    check_policy_model(policy, spec)
+    with contextlib.ExitStack() as stack:
+        try:
+            server_url = stack.enter_context(env_server(env, url, out_dir / "servers"))
+        except (RuntimeError, TimeoutError) as exc:
+            raise ServerStartError(f"{exc} (see the logs in {out_dir / 'servers'}/)") from None
+        asyncio.run(check_server(server_url, env, token))  # a wrong server before a model loads
+        args = {"base_url": None, "api_key": None} | (policy_args or {})
+        built = build_policy(policy, model=spec, concurrency=concurrency, **args)
+
+        async def run() -> dict[str, Any]:
+            try:
+                return await evaluate_on(
+                    server_url, built, config, token=token, on_plan=on_plan, on_episode=on_episode
+                )
+            finally:
+                await built.close()
+
+        results = asyncio.run(run())
+    return results | {"out_dir": str(out_dir)}
+
+
+class ServerStartError(RuntimeError):
+    """The local env server did not start (its log is named)."""
+
+
+def _require_registered(env: str) -> None:
+    try:
+        registry.resolve(env)
+    except AgentGymError as exc:
+        raise UsageError(exc.message) from None

@@ -1,0 +1,38 @@
+"""The figures a step's metrics record carries about the episodes it played."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from agentgym.trajectory import Trajectory
+
+
+def rollout_stats(episodes: list[Trajectory]) -> dict[str, Any]:
+    finished = [e for e in episodes if not e.errored]
+    return {
+        "episodes": len(episodes),
+        "errored": len(episodes) - len(finished),
+        "success_rate": average(float(e.success) for e in finished),
+        "reward_mean": average(e.score for e in finished),
+        "turns_mean": average(e.turns for e in finished),
+        "invalid_share": _share(sum(e.invalid_turns for e in finished), sum(e.turns for e in finished)),
+        "context_full": sum(e.end_reason == "context_full" for e in finished),
+        "generated_tokens": sum(e.generated_tokens or 0 for e in finished),
+        # Summed over concurrent episodes: their ratio splits the rollout's wall time.
+        "generation_s_sum": round(sum(e.timings.get("generation", 0.0) for e in finished), 2),
+        "env_s_sum": round(sum(e.timings.get("env", 0.0) for e in finished), 2),
+    }
+
+
+def _share(part: float, whole: float) -> float:
+    return round(part / whole, 4) if whole else 0.0
+
+
+def average(values: Any) -> float:
+    values = list(values)
+    return float(sum(values) / len(values)) if values else 0.0
+
+
+def seconds_since(start: float) -> float:
+    return round(time.perf_counter() - start, 2)
