@@ -4,6 +4,7 @@ keys share a panel, which are rates on a 0..1 axis, which split by training phas
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,3 +55,37 @@ def series(records: Sequence[dict[str, Any]], key: str) -> list[tuple[str, list[
     return [
         (f"{key} · {phase}", [p for r, p in points if str(r.get("phase", "")) == phase]) for phase in phases
     ]
+
+
+def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a rate: unlike the Wald interval it keeps a width at 0 and
+    at 1 (3 of 3 is [0.44, 1.0], not [1.0, 1.0])."""
+    if n <= 0:
+        return 0.0, 1.0
+    rate = successes / n
+    centre = (rate + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(rate * (1 - rate) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def held_out_interval(records: Sequence[dict[str, Any]], key: str, step: int) -> tuple[float, float]:
+    """The 95% Wilson interval of the held-out rate ``key`` (:data:`OUTCOMES`) at ``step``,
+    from the per-task outcomes it was computed from (a rate without them counts as one task)."""
+    record = next(r for r in records if r.get("step") == step and key in r)
+    outcomes = record.get(OUTCOMES[key])
+    if isinstance(outcomes, dict) and outcomes and all(_is_number(v) for v in outcomes.values()):
+        return wilson_interval(sum(outcomes.values()), len(outcomes))
+    return wilson_interval(record[key], 1)
+
+
+def with_intervals(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` plus ``KEY_interval: [low, high]`` for each held-out rate it holds (what the
+    viewer's dashboard draws as error bars)."""
+    keys = [key for key in OUTCOMES if _is_number(record.get(key)) and "step" in record]
+    return record | {
+        f"{key}_interval": list(held_out_interval([record], key, record["step"])) for key in keys
+    }
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agentgym.curves import wilson_interval
 from agentgym.run_folder import MetricsLog
-from agentgym.trainers.plot import _title, drawn_panels, plot_run, wilson_interval
+from agentgym.trainers.plot import _title, drawn_panels, plot_run
 
 
 def records() -> list[dict]:

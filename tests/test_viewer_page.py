@@ -1,7 +1,8 @@
-"""Issue 21 item 5: the viewer page in real headless chromium (Debian's, as in
-test_viewer.py) and ``agentgym plot``'s curves.png: the episode header's turn count, no
-stray ``null`` in turns, the count of malformed lines skipped (issue 40), rate axes on 0..1, integer step axes, values on chart hover, deep
-links to an episode, and behaviour cloning told apart from RL in the loss panel."""
+"""The viewer page in real headless chromium (Debian's, as in test_viewer.py) and
+``agentgym plot``'s curves.png: the episode header's turn count, no stray ``null`` in turns,
+the count of malformed lines skipped, rate axes on 0..1, integer step axes, values on chart
+hover, deep links to an episode, each phase's loss on its own axes, held-out success with
+its intervals, and a line where RL starts."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from agentgym.curves import wilson_interval
 from agentgym.envs.webshop.browser import CHROMIUM, CHROMIUM_ARGS
 from agentgym.servers.launcher import serve_in_thread
 from agentgym.trainers.plot import plot_run
@@ -19,14 +22,16 @@ from agentgym.trajectory import Trajectory, write_trajectories
 from agentgym.viewer import create_app
 
 HELD_OUT = 0.125
+OUTCOMES = {f"task-{i}": float(i == 0) for i in range(8)}  # 1 of 8: HELD_OUT
 METRICS = [
     {"step": 1, "phase": "bc", "loss": 2.4},
-    {"step": 2, "phase": "bc", "loss": 1.9, "eval_success_rate": HELD_OUT},
+    {"step": 2, "phase": "bc", "loss": 1.9, "eval_success_rate": HELD_OUT, "eval_outcomes": OUTCOMES},
     {"step": 3, "phase": "rl", "loss": 0.05, "success_rate": 0.25, "max_turns": 4},
     {"step": 4, "phase": "rl", "loss": -0.02, "success_rate": 0.5, "max_turns": 4, "staleness_mean": 0.5},
     {"step": 5, "phase": "rl", "loss": 0.01, "success_rate": 0.75, "max_turns": 4, "eval_success_rate": HELD_OUT},
 ]  # fmt: skip
-"""BC then RL; held-out success flat at 0.125; staleness logged at one step only."""
+"""BC then RL; held-out success flat at 0.125 (1 of 8 tasks at step 2; no outcomes at step 5);
+staleness logged at one step only."""
 
 
 def episode(i: int, agent_format: str) -> Trajectory:
@@ -169,7 +174,7 @@ def test_a_flat_rate_is_drawn_on_a_zero_to_one_axis(page: Any) -> None:
 
 def test_step_axes_have_integer_ticks(page: Any) -> None:
     chart(page, "train success")
-    for panel in ("train success", "loss", "staleness (policy versions)"):  # staleness: one step only
+    for panel in ("train success", "loss · rl", "staleness (policy versions)"):  # staleness: one step only
         ticks = chart(page, panel).locator("svg text.x-tick").all_text_contents()
         assert ticks and all(tick.lstrip("-").isdigit() for tick in ticks), (panel, ticks)
     assert chart(page, "staleness (policy versions)").locator("svg text.x-tick").all_text_contents() == [
@@ -188,11 +193,32 @@ def test_hovering_a_chart_shows_the_values_at_that_step(page: Any) -> None:
     assert page.evaluate("document.getElementById('tooltip').hidden")
 
 
-def test_the_loss_panel_tells_behaviour_cloning_from_rl(page: Any) -> None:
-    loss = chart(page, "loss")
-    assert loss.locator("polyline").count() == 2
-    assert loss.locator(".legend span").all_inner_texts() == ["— loss · bc", "— loss · rl"]
-    assert loss.locator("circle").count() == len(METRICS)
+def test_the_loss_of_each_phase_has_its_own_chart(page: Any) -> None:
+    bc, rl = chart(page, "loss · bc"), chart(page, "loss · rl")
+    assert chart(page, "loss").count() == 0  # not one axis for an NLL and an RL loss
+    assert bc.locator("polyline").count() == rl.locator("polyline").count() == 1
+    assert bc.locator("circle").count() + rl.locator("circle").count() == len(METRICS)
+    # Each on its own scale: the RL loss spans its chart's height, not a flat line under the NLL.
+    heights = [max(ys) - min(ys) for ys in (_ys(bc), _ys(rl))]
+    assert all(h > 50 for h in heights), heights
+
+
+def test_held_out_success_has_its_intervals_and_a_line_where_rl_starts(page: Any, url: str) -> None:
+    rows = httpx.get(f"{url}/api/metrics").json()["rows"]
+    assert rows[1]["eval_success_rate_interval"] == pytest.approx(wilson_interval(1, 8))  # the outcomes
+    assert rows[4]["eval_success_rate_interval"] == pytest.approx(wilson_interval(HELD_OUT, 1))
+    assert "eval_success_rate_interval" not in rows[2]
+    held_out = chart(page, "held-out success")
+    bars = held_out.locator("line.interval")
+    assert bars.count() == 2
+    spans = [float(b.get_attribute("y1")) - float(b.get_attribute("y2")) for b in bars.all()]
+    assert 0 < spans[0] < spans[1], spans  # 8 tasks: narrower than one
+    assert held_out.locator("line.rl-start").count() == 1  # steps 2 and 5: RL starts at 3
+    assert chart(page, "train success").locator("line.rl-start").count() == 0  # RL steps only
+
+
+def _ys(panel: Any) -> list[float]:
+    return [float(c.get_attribute("cy")) for c in panel.locator("circle").all()]
 
 
 # ----- curves.png -------------------------------------------------------------------------

@@ -6,13 +6,12 @@ The viewer's dashboard draws the same panels (``/api/info`` hands it :data:`PANE
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from agentgym.curves import BY_PHASE, OUTCOMES, PANELS, RATES, series
+from agentgym.curves import BY_PHASE, OUTCOMES, PANELS, RATES, held_out_interval, series
 
 RATE_LIMITS = (-0.02, 1.02)
 """The 0..1 axis, with room for markers at 0 and 1."""
@@ -86,7 +85,7 @@ def _draw(
     for label, points in lines:
         steps, values = zip(*points, strict=True)
         if label in OUTCOMES:  # held-out success with its 95% interval
-            low, high = zip(*(wilson_interval(*_tally(records, label, step)) for step in steps), strict=True)
+            low, high = zip(*(held_out_interval(records, label, step) for step in steps), strict=True)
             errors = [
                 [v - lo for v, lo in zip(values, low, strict=True)],
                 [hi - v for v, hi in zip(values, high, strict=True)],
@@ -107,24 +106,6 @@ def _draw(
         axis.set_ylim(*RATE_LIMITS)
     if len(lines) > 1:
         axis.legend(fontsize="small")
-
-
-def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval of a rate: unlike the Wald interval it keeps a width at 0 and
-    at 1 (3 of 3 is [0.44, 1.0], not [1.0, 1.0])."""
-    if n <= 0:
-        return 0.0, 1.0
-    rate = successes / n
-    centre = (rate + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(rate * (1 - rate) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def _tally(records: list[dict[str, Any]], key: str, step: int) -> tuple[float, int]:
-    """Successes and tasks behind the held-out rate ``key`` at ``step``."""
-    record = next(r for r in records if r.get("step") == step and key in r)
-    outcomes = record.get(OUTCOMES[key]) or {}
-    return (sum(outcomes.values()), len(outcomes)) if outcomes else (record[key], 1)
 
 
 def _title(run_dir: Path) -> str:

@@ -28,7 +28,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from agentgym.curves import BY_PHASE, PANELS, RATES
+from agentgym.curves import BY_PHASE, PANELS, RATES, with_intervals
 from agentgym.errors import AgentGymError, NotFound
 from agentgym.viewer.episode import episode_view
 from agentgym.viewer.index import EpisodeFilter, EpisodeIndex, page, read_metrics
@@ -150,7 +150,7 @@ def create_app(
     def metrics(since: str = "0") -> dict[str, Any]:
         start = _parse(since, int, "since")
         rows = read_metrics(index.metrics_path, max(start, 0))
-        return {"rows": rows, "next": max(start, 0) + len(rows)}
+        return {"rows": [with_intervals(row) for row in rows], "next": max(start, 0) + len(rows)}
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app

@@ -236,11 +236,28 @@ function drawDashboard() {
   charts.replaceChildren();
   for (const [title, lines] of panels()) {
     const series = lines.flatMap(([name, get]) => seriesOf(name, get)).filter((s) => s.points.length);
-    if (!series.length) continue;
-    const box = el("div", { class: "chart", "data-panel": title });
-    charts.append(box);
-    drawChart(box, title, series, lines.every(([name]) => state.info.rate_keys.includes(name)));
+    const rate = lines.every(([name]) => state.info.rate_keys.includes(name));
+    for (const [heading, some] of chartsOf(title, lines, series)) {
+      const box = el("div", { class: "chart", "data-panel": heading });
+      charts.append(box);
+      drawChart(box, heading, some, rate, rlStart());
+    }
   }
+}
+
+// The first RL step (a dashed line before it marks where cloning ends), or null.
+function rlStart() {
+  const first = state.metrics.find((row) => row.phase === "rl" && Number.isFinite(row.step));
+  return first ? first.step : null;
+}
+
+// A panel of per-phase keys (the loss) is one chart per phase, as in curves.png: a
+// behaviour-cloning NLL and an RL loss are different quantities, and on one axis the
+// smaller looks flat.
+function chartsOf(title, lines, series) {
+  if (!series.length) return [];
+  if (!lines.some(([name]) => state.info.phase_keys.includes(name))) return [[title, series]];
+  return series.map((s) => [s.name, [s]]);
 }
 
 // One series; or, for the keys the server names (the loss), one per training phase
@@ -248,6 +265,9 @@ function drawDashboard() {
 function seriesOf(name, get) {
   const rows = state.metrics.filter((row) => Number.isFinite(row.step) && Number.isFinite(get(row)));
   const points = (some) => some.map((row) => [row.step, get(row)]);
+  // Held-out rates come with their 95% interval (KEY_interval, from the server): error bars.
+  const intervals = rows.map((row) => row[`${name}_interval`]).filter(Array.isArray);
+  if (intervals.length === rows.length && rows.length) return [{ name, points: points(rows), intervals }];
   if (!state.info.phase_keys.includes(name)) return [{ name, points: points(rows) }];
   const phases = [...new Set(rows.map((row) => row.phase ?? ""))];
   return phases.map((phase) => ({ name: `${name} · ${phase}`, points: points(rows.filter((row) => (row.phase ?? "") === phase)) }));

@@ -55,7 +55,8 @@ function stepTicks(x0, x1) {
  * `container` (replacing what was there). `rate`: the values are shares, drawn on 0..1.
  * Hovering the chart shows every series' value at the nearest step.
  */
-function drawChart(container, title, series, rate = false) {
+// `rlStart`: the first RL step; a dashed line marks it where the chart shows steps before it.
+function drawChart(container, title, series, rate = false, rlStart = null) {
   container.replaceChildren();
   const heading = document.createElement("h3");
   heading.textContent = title;
@@ -65,15 +66,24 @@ function drawChart(container, title, series, rate = false) {
   container.append(svg);
   if (!points.length) return;
   const [x0, x1] = stepExtent(points.map((p) => p[0]));
-  const [y0, y1] = valueExtent(points.map((p) => p[1]), rate);
+  const bounds = series.flatMap((s) => (s.intervals ?? []).flat());
+  const [y0, y1] = valueExtent([...points.map((p) => p[1]), ...bounds], rate);
   const sx = (x) => PAD.left + ((x - x0) / (x1 - x0)) * (W - PAD.left - PAD.right);
   const sy = (y) => H - PAD.bottom - ((y - y0) / (y1 - y0)) * (H - PAD.top - PAD.bottom);
   drawAxes(svg, sx, x0, x1, y0, y1);
+  if (rlStart !== null && rlStart - 0.5 > x0 && rlStart - 0.5 < x1) {
+    const x = sx(rlStart - 0.5);
+    svg.append(svgEl("line", { x1: x, y1: PAD.top, x2: x, y2: H - PAD.bottom, stroke: "#999", "stroke-dasharray": "4 3", class: "rl-start" }));
+  }
   series.forEach((s, i) => {
     const color = COLORS[i % COLORS.length];
     const line = s.points.map((p) => `${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join(" ");
     svg.append(svgEl("polyline", { points: line, fill: "none", stroke: color, "stroke-width": 1.5, class: "series" }));
     for (const [x, y] of s.points) svg.append(svgEl("circle", { cx: sx(x), cy: sy(y), r: 2.5, fill: color }));
+    (s.intervals ?? []).forEach(([low, high], j) => {
+      const x = sx(s.points[j][0]);
+      svg.append(svgEl("line", { x1: x, y1: sy(low), x2: x, y2: sy(high), stroke: color, class: "interval" }));
+    });
   });
   attachHover(svg, series, sx);
   if (series.length > 1) container.append(legend(series));
