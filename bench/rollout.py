@@ -108,6 +108,7 @@ def pick_tasks(url: str, count: int) -> list[str]:
 def run_mode(
     runner: asyncio.Runner,
     url: str,
+    kind: str,
     policy: Policy,
     specs: list[EpisodeSpec],
     mode: str,
@@ -132,7 +133,7 @@ def run_mode(
     tokens = sum(t.generated_tokens or 0 for t in trajectories)
     decodes = stats.decode_steps - before[0] if stats else 0
     return Row(
-        policy=policy.name if stats else "vllm",
+        policy=kind,
         mode=mode if mode != "free" else f"free (N={args.n})",
         prefix_cache="off" if getattr(policy, "prefix_cache", None) == 0 else "on",
         step_delay=delay,
@@ -224,7 +225,7 @@ def main() -> None:
                 )
                 runner.run(run_episodes(url, policy, specs[:1], warm_up))  # the first calls are slow
                 for mode in args.modes.split(","):
-                    rows.append(run_mode(runner, url, policy, specs, mode, args, delay))
+                    rows.append(run_mode(runner, url, kind, policy, specs, mode, args, delay))
                     print_table(rows[-1:])
             runner.run(policy.close())
     print()
