@@ -115,17 +115,29 @@ class TextCraftEnv(TaskListsMixin, TextEnv):
 def build_splits(goals: dict[str, int]) -> dict[str, list[Task]]:
     """Deal each depth's goals (item id -> depth), shuffled with a fixed seed: HELD_OUT_SHARE
     to test, as many to validation, the rest to train. Validation comes after test, as in
-    every env (the wire's split-after-split numbering)."""
+    every env (the wire's split-after-split numbering). Each split lists its depths
+    interleaved in proportion (:func:`_interleaved`)."""
     number = {item: n for n, item in enumerate(sorted(goals))}
-    splits: dict[str, list[Task]] = {"train": [], "test": [], "validation": []}
+    by_depth: dict[str, list[list[Task]]] = {"train": [], "test": [], "validation": []}
     for depth in sorted(set(goals.values())):
         items = sorted(item for item, d in goals.items() if d == depth)
         random.Random(SPLIT_SEED + depth).shuffle(items)
         held = max(1, round(len(items) * HELD_OUT_SHARE))
         dealt = {"test": items[:held], "validation": items[held : 2 * held], "train": items[2 * held :]}
         for split, chosen in dealt.items():
-            splits[split] += [_task(split, item, depth, number[item]) for item in sorted(chosen)]
-    return splits
+            by_depth[split].append([_task(split, item, depth, number[item]) for item in sorted(chosen)])
+    return {split: _interleaved(groups) for split, groups in by_depth.items()}
+
+
+def _interleaved(groups: list[list[Task]]) -> list[Task]:
+    """The tasks of every group (a depth), each placed at its relative position within its
+    group: any first N then holds every depth in about its share of the split, so the
+    trainer's held-out panel (the first ``eval_tasks``) and ``eval --n`` sample the split as
+    a whole, not its shallowest goals."""
+    placed = [
+        ((i + 0.5) / len(group), g, task) for g, group in enumerate(groups) for i, task in enumerate(group)
+    ]
+    return [task for *_, task in sorted(placed, key=lambda item: item[:2])]
 
 
 def _task(split: str, item: str, depth: int, number: int) -> Task:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+from collections import Counter
 
 import pytest
 
@@ -39,9 +40,13 @@ def test_splits_are_disjoint_by_goal_stable_and_cover_every_depth(env: TextCraft
     for split in SPLITS:
         assert {t.meta["depth"] for t in env.tasks(split)} == {1, 2, 3, 4}
     test_ids = ",".join(t.task_id for t in env.tasks("test"))
-    assert hashlib.sha256(test_ids.encode()).hexdigest()[:12] == "ed6c56eb2329"
-    first = {"goal": "birch planks", "item": "minecraft:birch_planks", "depth": 1, "seed": 28}
-    assert env.tasks("test")[0].to_dict() == {"task_id": "depth1/birch_planks", "split": "test", **first}
+    assert hashlib.sha256(test_ids.encode()).hexdigest()[:12] == "1ba31ef3066a"
+    first = {"goal": "acacia fence gate", "item": "minecraft:acacia_fence_gate", "depth": 2, "seed": 4}
+    assert env.tasks("test")[0].to_dict() == {"task_id": "depth2/acacia_fence_gate", "split": "test", **first}
+    # Depths interleaved in proportion: the held-out panel (the first 32) samples every depth
+    # in about its share of the split (19, 44, 17, 2 of 82), not the shallowest goals alone.
+    panel = Counter(t.meta["depth"] for t in env.tasks("test")[:32])
+    assert panel == {1: 7, 2: 17, 3: 7, 4: 1}
 
 
 def test_the_expert_crafts_every_goal(env: TextCraftEnv) -> None:
