@@ -49,8 +49,9 @@ test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	# Two workers, a test file each at a time: servers starting and sessions idling on one
-	# overlap with the model work on the other (module fixtures stay in their file).
-	$(BIN)/python -m pytest -q -ra --durations=10 -n 2 --dist loadfile
+	# overlap with the model work on the other (module fixtures stay in their file). Files go
+	# in collection order, the longest first (tests/conftest.py), not by their test counts.
+	$(BIN)/python -m pytest -q -ra --durations=10 -n 2 --dist loadfile --no-loadscope-reorder
 
 lint: setup
 	$(BIN)/ruff check .

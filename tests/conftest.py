@@ -30,6 +30,18 @@ if TYPE_CHECKING:
 # is reset to the default in each child, so the children get Python's Ctrl-C back.
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
+LONGEST_FILES = ("test_trainer.py", "test_vllm.py")
+"""The files that take longest (learning tests: minutes each; a vLLM engine), longest first."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Collect the longest files first. ``make test`` hands files to its two workers in
+    collection order (``--dist loadfile --no-loadscope-reorder``): started first, one per
+    worker, they overlap the many short files instead of leaving one worker alone with them
+    for the suite's last minutes (23 min against 19 measured on 2026-11-27)."""
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FILES)))
+
 
 @pytest.fixture(scope="session", autouse=True)
 def agentgym_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
