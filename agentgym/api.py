@@ -134,10 +134,9 @@ def evaluate(
     settings = play_settings(model if policy == "hf" else None, play)
     if settings["constrain_actions"] and policy != "hf":
         raise UsageError("constrain_actions needs policy hf (the others decode unconstrained)")
+    temperature = (0.0 if k == 1 else 1.0) if temperature is None else temperature
     rollout = rollout_config(
-        settings,
-        concurrency=concurrency,
-        temperature=(0.0 if k == 1 else 1.0) if temperature is None else temperature,
+        settings, concurrency=concurrency, temperature=temperature, history_turns=history_turns
     )
     out_dir = Path(out or Path("runs/eval") / f"{env}-{split}-{policy}-{time.strftime('%Y%m%d-%H%M%S')}")
     config = EvalConfig(env=env, out_dir=out_dir, split=split, n=n, k=k, rollout=rollout, seed=seed)

@@ -48,12 +48,13 @@ def test_train_from_python_with_a_custom_reward(
     assert TrainConfig.load(run / "config.yaml").env == "choice"
 
     # Evaluate the run from Python: it plays as the run's held-out evaluation did.
-    results = evaluate("choice", run, n=3, url=choice_url, out=tmp_path / "eval")
+    results = evaluate("choice", run, n=3, url=choice_url, out=tmp_path / "eval", history_turns=1)
+    assert results["config"]["history_turns"] == 1
     assert results["tasks"] == 3 and results["ran"] == 3 and results["out_dir"] == str(tmp_path / "eval")
     played = json.loads((run / "play.json").read_text())
     assert (results["format"], results["config"]["max_new_tokens"]) == ("plain", TINY_RUN["max_new_tokens"])
     assert results["config"]["constrain_actions"] == played["constrain_actions"]
-    again = evaluate("choice", run, n=3, url=choice_url, out=tmp_path / "eval")
+    again = evaluate("choice", run, n=3, url=choice_url, out=tmp_path / "eval", history_turns=1)
     assert (again["resumed"], again["ran"], again["success_rate"]) == (3, 0, results["success_rate"])
     with pytest.raises(UsageError, match="played with other settings"):  # would relabel its episodes
         evaluate("choice", run, n=3, url=choice_url, out=tmp_path / "eval", play={"max_new_tokens": 2})
