@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,12 +35,9 @@ from agentgym.evaluation import (
 )
 from agentgym.evaluation import evaluate as evaluate_on
 from agentgym.policies.base import SamplingParams
-from agentgym.policies.runs import run_of
+from agentgym.policies.runs import played_by
 from agentgym.rollout import RolloutConfig
-from agentgym.run_folder import read_play
 from agentgym.trajectory import Trajectory
-
-log = logging.getLogger(__name__)
 
 PLAY_DEFAULTS: dict[str, Any] = {
     "agent_format": "react",
@@ -52,15 +48,6 @@ PLAY_DEFAULTS: dict[str, Any] = {
 }
 """How a model that is not a training run plays, where nothing says otherwise (``max_turns``
 None: the env's limit)."""
-
-
-def played_by(model: str | Path | None) -> dict[str, Any] | None:
-    """How the training run or exported model ``model`` played its held-out evaluations (its
-    play record, :data:`~agentgym.run_folder.PLAY_KEYS`); None for any other model."""
-    if model is None:
-        return None
-    folder = run_of(str(model)) or (Path(model) if Path(model).is_dir() else None)
-    return read_play(folder) if folder is not None else None
 
 
 def play_settings(model: str | Path | None, given: dict[str, Any] | None = None) -> dict[str, Any]:

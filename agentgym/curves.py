@@ -68,10 +68,9 @@ def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, f
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def held_out_interval(records: Sequence[dict[str, Any]], key: str, step: int) -> tuple[float, float]:
-    """The 95% Wilson interval of the held-out rate ``key`` (:data:`OUTCOMES`) at ``step``,
+def held_out_interval(record: dict[str, Any], key: str) -> tuple[float, float]:
+    """The 95% Wilson interval of the held-out rate ``key`` (:data:`OUTCOMES`) in ``record``,
     from the per-task outcomes it was computed from (a rate without them counts as one task)."""
-    record = next(r for r in records if r.get("step") == step and key in r)
     outcomes = record.get(OUTCOMES[key])
     if isinstance(outcomes, dict) and outcomes and all(_is_number(v) for v in outcomes.values()):
         return wilson_interval(sum(outcomes.values()), len(outcomes))
@@ -81,10 +80,8 @@ def held_out_interval(records: Sequence[dict[str, Any]], key: str, step: int) ->
 def with_intervals(record: dict[str, Any]) -> dict[str, Any]:
     """``record`` plus ``KEY_interval: [low, high]`` for each held-out rate it holds (what the
     viewer's dashboard draws as error bars)."""
-    keys = [key for key in OUTCOMES if _is_number(record.get(key)) and "step" in record]
-    return record | {
-        f"{key}_interval": list(held_out_interval([record], key, record["step"])) for key in keys
-    }
+    keys = [key for key in OUTCOMES if _is_number(record.get(key))]
+    return record | {f"{key}_interval": list(held_out_interval(record, key)) for key in keys}
 
 
 def _is_number(value: Any) -> bool:

@@ -21,9 +21,8 @@ from typing import Any
 import torch
 
 from agentgym.policies.base import SamplingParams
-from agentgym.policies.runs import RUN_CONFIG, run_of
+from agentgym.policies.runs import RUN_CONFIG, played_by, run_of
 from agentgym.rollout import EpisodeSpec, RolloutConfig
-from agentgym.run_folder import read_play
 from agentgym.trainers.algorithms import dynamic_sampling_keep
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.distributed import DataParallel
@@ -281,12 +280,9 @@ def evaluation_rollout(spec: str | Path | None) -> dict[str, Any] | None:
     """How the run or exported model ``spec`` names was played in its held-out evaluations
     (:data:`~agentgym.run_folder.PLAY_KEYS`), so that evaluating it again plays it the same
     way; None for any other model. A run from before the play record: from its config."""
-    folder = run_of(spec) or (Path(spec) if spec is not None and Path(spec).is_dir() else None)
-    if folder is None:
-        return None
-    if (settings := read_play(folder)) is not None or run_of(spec) is None:
+    if (settings := played_by(spec)) is not None or (run := run_of(spec)) is None:
         return settings
-    return held_out_play(TrainConfig.load(folder / RUN_CONFIG))
+    return held_out_play(TrainConfig.load(run / RUN_CONFIG))
 
 
 def held_out_play(config: Any) -> dict[str, Any]:

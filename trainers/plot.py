@@ -85,7 +85,11 @@ def _draw(
     for label, points in lines:
         steps, values = zip(*points, strict=True)
         if label in OUTCOMES:  # held-out success with its 95% interval
-            low, high = zip(*(held_out_interval(records, label, step) for step in steps), strict=True)
+            at_step: dict[int, dict[str, Any]] = {}
+            for record in records:  # the first record of each step that holds the rate
+                if label in record:
+                    at_step.setdefault(record.get("step"), record)
+            low, high = zip(*(held_out_interval(at_step[step], label) for step in steps), strict=True)
             errors = [
                 [v - lo for v, lo in zip(values, low, strict=True)],
                 [hi - v for v, hi in zip(values, high, strict=True)],

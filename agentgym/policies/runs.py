@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from agentgym.policies.adapters import LoraSettings, adapt
-from agentgym.run_folder import CHECKPOINTS, RunDir, checkpoint_problem, load_trainable
+from agentgym.run_folder import CHECKPOINTS, RunDir, checkpoint_problem, load_trainable, read_play
 
 RUN_CONFIG = "config.yaml"
 LORA_FIELDS = tuple(field.name for field in fields(LoraSettings))
@@ -56,6 +56,14 @@ def run_of(spec: str | Path | None) -> Path | None:
     if path.is_dir() and path.parent.name == CHECKPOINTS and is_run(path.parent.parent):
         return path.parent.parent
     return None
+
+
+def played_by(spec: str | Path | None) -> dict[str, Any] | None:
+    """How the training run or exported model ``spec`` played its held-out evaluations (its
+    play record, :data:`~agentgym.run_folder.PLAY_KEYS`); None for any other model, and for
+    a run from before the play record."""
+    folder = run_of(spec) or (Path(spec) if spec is not None and Path(spec).is_dir() else None)
+    return read_play(folder) if folder is not None else None
 
 
 def find_checkpoint(spec: str | Path, step: int | None = None) -> RunCheckpoint | None:
