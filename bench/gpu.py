@@ -247,8 +247,9 @@ def shape_figures(
 
 
 def update_speed(config: TrainConfig, learner: Learner, length: int, device: torch.device) -> dict[str, Any]:
-    """Tokens/s of one clipped update on one ``length``-token sequence (after a warm-up one),
-    and the peak device memory; ``oom`` where it did not fit."""
+    """Tokens/s of one clipped update on one ``length``-token sequence (the median of
+    ``REPEATS`` after a warm-up one; single steps varied by up to 2x on an H200), and the
+    peak device memory; ``oom`` where it did not fit."""
     vocab = learner.model.config.vocab_size
     batch = collate(sequences(1, length, vocab), [1.0], pad_id=0)
     batch.old_logp = learner.logprobs(batch)[0].detach().cpu() * batch.loss_mask
@@ -256,34 +257,54 @@ def update_speed(config: TrainConfig, learner: Learner, length: int, device: tor
     try:
         update_policy(trainer, batch, kl_coef=0.0)  # warm-up: kernels, allocator
         _reset_peak(device)
-        _sync(device)
-        started = time.perf_counter()
-        update_policy(trainer, batch, kl_coef=0.0)
-        _sync(device)
+        seconds = median_seconds(lambda: update_policy(trainer, batch, kl_coef=0.0), device)
     except torch.OutOfMemoryError:
         _free(device)
         return {"update_tokens_s": None, "peak_gib": None, "oom": True}
-    seconds = time.perf_counter() - started
     return {"update_tokens_s": round(length / seconds), "peak_gib": _peak_gib(device), "oom": False}
 
 
+REPEATS = 3
+
+
+def median_seconds(work: Any, device: torch.device) -> float:
+    """The median wall time of ``REPEATS`` calls of ``work``, the device synchronised around each."""
+    times = []
+    for _ in range(REPEATS):
+        _sync(device)
+        started = time.perf_counter()
+        work()
+        _sync(device)
+        times.append(time.perf_counter() - started)
+    return sorted(times)[len(times) // 2]
+
+
 def generation_speed(policy: HFPolicy, new_tokens: int, replies: int = 8) -> float:
-    """Sampled tokens/s of ``replies`` concurrent replies through the continuous batcher."""
+    """Sampled tokens/s of ``replies`` concurrent replies through the continuous batcher
+    (the median of ``REPEATS`` rounds)."""
     requests = [
         GenerationRequest([{"role": "user", "content": f"Describe room {i} and what to do there."}])
         for i in range(replies)
     ]
     sampling = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=0)
-    asyncio.run(policy.generate(requests[:1], SamplingParams(max_new_tokens=4)))  # warm-up
-    started = time.perf_counter()
-    generations = asyncio.run(policy.generate(requests, sampling))
-    tokens = sum(len(g.token_ids or []) for g in generations)
-    return round(tokens / (time.perf_counter() - started), 1)
+    for _ in range(2):  # warm-up: on an H200 the first two full rounds ran 3x slower than the rest
+        asyncio.run(policy.generate(requests, sampling))
+    rates = []
+    for _ in range(REPEATS):
+        started = time.perf_counter()
+        generations = asyncio.run(policy.generate(requests, sampling))
+        tokens = sum(len(g.token_ids or []) for g in generations)
+        rates.append(tokens / (time.perf_counter() - started))
+    return round(sorted(rates)[len(rates) // 2], 1)
 
 
 def update_match(folder: Path, algo: str, device: torch.device, tolerance: float) -> dict[str, Any]:
     """One ``algo`` update on ``device`` and on the CPU from the same weights and batch,
-    float32 (TF32 off): the loss, the gradient norm and the updated weights, compared."""
+    float32 (TF32 off): the loss and the gradient must agree within ``tolerance`` (the
+    gradient as ‖g_device − g_cpu‖ / ‖g_cpu‖). The weights' step is reported, not gated:
+    Adam's first step is g / (|g| + ε), so an element whose gradient is near ε turns a
+    rounding difference into a visible share of the learning rate (seen on an H200: max
+    element gap 9.6% of the step while the gradients agreed to 1.6e-6)."""
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     config = train_config(folder, algo, True, minibatch_size=4, bf16=False)
     records = sequences(4, 96, 49152, seed=1)
@@ -294,42 +315,41 @@ def update_match(folder: Path, algo: str, device: torch.device, tolerance: float
         learner = Learner(config, HFPolicy(str(folder), device=where, dtype=torch.float32), DataParallel())
         if initial is None:  # the adapters' random start, from the CPU run: the same on both
             initial = [p.detach().cpu().clone() for p in learner.trainable]
+            start = torch.cat([w.flatten() for w in initial])
             drift = torch.linspace(-0.3, 0.3, batch.old_logp.numel()).view_as(batch.old_logp)
             batch.old_logp = (learner.logprobs(batch)[0].detach().cpu() + drift) * batch.loss_mask
         with torch.no_grad():
             for parameter, value in zip(learner.trainable, initial, strict=True):
                 parameter.copy_(value)
         record = update_policy(one_step_trainer(config, learner), batch, kl_coef=0.0)
-        grads = [p.grad for p in learner.trainable if p.grad is not None]
+        grads = torch.cat([p.grad.detach().cpu().flatten() for p in learner.trainable if p.grad is not None])
         figures[where] = {
             "loss": record["loss"],
-            "grad_norm": float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))),
-            "weights": torch.cat([p.detach().cpu().flatten() for p in learner.trainable]),
+            "grads": grads,
+            "step": torch.cat([p.detach().cpu().flatten() for p in learner.trainable]) - start,
         }
         del learner
         _free(device)
     cpu, other = figures["cpu"], figures[str(device)]
-    weights_gap = float((cpu["weights"] - other["weights"]).abs().max())
-    moved = float((cpu["weights"] - torch.cat([w.flatten() for w in initial])).abs().max())
     result = {
         "algo": algo,
         "loss_cpu": cpu["loss"],
         "loss_device": other["loss"],
-        "grad_norm_cpu": cpu["grad_norm"],
-        "grad_norm_device": other["grad_norm"],
-        "weights_max_gap": weights_gap,
-        "weights_max_step": moved,
+        "grad_norm_cpu": float(cpu["grads"].norm()),
+        "grad_relative_gap": _relative_gap(other["grads"], cpu["grads"]),
+        "step_relative_gap": _relative_gap(other["step"], cpu["step"]),
+        "step_max_element_gap": float((other["step"] - cpu["step"]).abs().max() / cpu["step"].abs().max()),
     }
     result["match"] = (
-        _close(cpu["loss"], other["loss"], tolerance)
-        and _close(cpu["grad_norm"], other["grad_norm"], tolerance)
-        and weights_gap <= tolerance * max(moved, 1e-12)
+        math.isclose(cpu["loss"], other["loss"], rel_tol=tolerance, abs_tol=1e-6)
+        and result["grad_relative_gap"] <= tolerance
     )
     return result
 
 
-def _close(a: float, b: float, tolerance: float) -> bool:
-    return math.isclose(a, b, rel_tol=tolerance, abs_tol=1e-6)
+def _relative_gap(value: torch.Tensor, reference: torch.Tensor) -> float:
+    """‖value − reference‖ / ‖reference‖, in float64."""
+    return float((value.double() - reference.double()).norm() / reference.double().norm().clamp_min(1e-30))
 
 
 def checkpoint_round_trip(folder: Path, device: torch.device, scratch: Path) -> bool:
@@ -381,8 +401,8 @@ def print_table(report: dict[str, Any]) -> None:
     for match in report["match"]:
         print(
             f"{match['algo']} update, {facts['device']} vs cpu: loss {match['loss_device']:.6g} vs "
-            f"{match['loss_cpu']:.6g}, grad norm {match['grad_norm_device']:.6g} vs {match['grad_norm_cpu']:.6g}, "
-            f"weights max gap {match['weights_max_gap']:.2e} (step {match['weights_max_step']:.2e}): "
+            f"{match['loss_cpu']:.6g}, gradient gap {match['grad_relative_gap']:.1e} (gated); "
+            f"Adam step gap {match['step_relative_gap']:.1e}, max element {match['step_max_element_gap']:.1e}: "
             f"{'match' if match['match'] else 'MISMATCH'}"
         )
     print(

@@ -42,7 +42,7 @@ def test_the_gpu_check_runs_from_the_bare_tree(tmp_path: Path) -> None:
     assert [m["algo"] for m in report["match"]] == ["bapo", "grpo"] and all(
         m["match"] for m in report["match"]
     )
-    assert all(m["weights_max_step"] > 0 for m in report["match"])  # the update moved the weights
+    assert all(m["grad_norm_cpu"] > 0 and m["step_relative_gap"] < 1e-3 for m in report["match"])
     assert report["checkpoint_round_trip"] is True
     assert report["machine"]["torch"] and report["machine"]["transformers"]
     assert "update tok/s" in done.stdout

@@ -277,6 +277,28 @@ def test_greedy_rows_report_temperature_one_logprobs() -> None:
     assert logprobs[1].item() == pytest.approx(expected)
 
 
+def test_seeded_rows_draw_from_their_distribution_whatever_shares_the_batch() -> None:
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
+    logits = probs.log().expand(2, -1).clone()
+    logits[1] = torch.tensor([0.0, 0.0, 0.0, 0.0, 9.0])  # a different neighbour row
+    draws = []
+    for seed in range(4000):
+        generator = torch.Generator().manual_seed(seed)
+        tokens, _ = sample_next(logits, torch.ones(2), torch.ones(2), [generator, None])
+        draws.append(tokens[0].item())
+        if seed < 20:  # the same seed draws the same token with another neighbour
+            alone, _ = sample_next(
+                logits[:1], torch.ones(1), torch.ones(1), [torch.Generator().manual_seed(seed)]
+            )
+            assert alone.item() == draws[-1]
+    counts = torch.bincount(torch.tensor(draws), minlength=5).double()
+    assert counts[4] == 0  # a token of probability 0 is never drawn
+    # Each frequency within 4.5 standard errors of its probability.
+    assert (
+        (counts / 4000 - probs.double()).abs() <= 4.5 * (probs.double() * (1 - probs.double()) / 4000).sqrt()
+    ).all()
+
+
 def test_allowed_tokens_bound_the_draw_and_the_recorded_logprob_is_the_masked_one() -> None:
     logits = torch.tensor([[5.0, 1.0, 0.0, -1.0]] * 3)
     allowed = torch.tensor([[False, True, True, False]] * 3)
