@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym import registry
-from agentgym.agents import FORMATS
+from agentgym.agents import ACTION_ORDERS, FORMATS
 from agentgym.errors import AgentGymError
 from agentgym.evaluation import (
     EvalConfig,
@@ -44,6 +44,7 @@ PLAY_DEFAULTS: dict[str, Any] = {
     "max_new_tokens": 128,
     "max_turns": None,
     "show_actions": False,
+    "action_order": "hashed",
     "constrain_actions": False,
 }
 """How a model that is not a training run plays, where nothing says otherwise (``max_turns``
@@ -69,6 +70,10 @@ def rollout_config(
     """The rollout of a full set of play settings; ``UsageError`` for an unknown format."""
     if play["agent_format"] not in FORMATS:
         raise UsageError(f"unknown agent format {play['agent_format']!r}; formats are {', '.join(FORMATS)}")
+    if play["action_order"] not in ACTION_ORDERS:
+        raise UsageError(
+            f"unknown action order {play['action_order']!r}; orders are {', '.join(ACTION_ORDERS)}"
+        )
     return RolloutConfig(
         max_turns=play["max_turns"],
         concurrency=concurrency,
@@ -76,6 +81,7 @@ def rollout_config(
         format=play["agent_format"],
         history_turns=history_turns,
         show_actions=play["show_actions"] or play["constrain_actions"],
+        action_order=play["action_order"],
         constrain_actions=play["constrain_actions"],
     )
 
@@ -105,7 +111,7 @@ def evaluate(
 
     Args:
         play: ``agent_format``, ``max_new_tokens``, ``max_turns``, ``show_actions``,
-            ``constrain_actions``; those left out come from the model's training run when it
+            ``action_order``, ``constrain_actions``; those left out come from the model's training run when it
             is one (or was exported from one), else :data:`PLAY_DEFAULTS`.
         policy_args: ``base_url``, ``api_key``, ``tool_calls`` (``policy="openai"``).
         temperature: None: greedy for ``k=1``, else 1.

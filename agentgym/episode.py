@@ -47,6 +47,8 @@ class RolloutConfig:
     show_actions: bool = False
     """Append the env's valid commands (``info["available_actions"]``) to every observation
     the policy sees; envs that report none are unaffected."""
+    action_order: str = "hashed"
+    """The order they are shown in (:data:`agentgym.agents.ACTION_ORDERS`)."""
     constrain_actions: bool = False
     """The policy may only reply with one of the env's valid commands (``info["available_actions"]``)
     in the agent format: token-level constrained decoding in the HF policy (requests carry
@@ -302,7 +304,7 @@ class Episode:
         the episode goes on)."""
         if not self.ctx.config.show_actions or self.end_reason is not None:
             return observation
-        return with_actions(observation, self.info.get("available_actions"))
+        return with_actions(observation, self.info.get("available_actions"), self.ctx.config.action_order)
 
     # ----- calls that may fail -----------------------------------------------------------
 

@@ -93,6 +93,7 @@ class EvalConfig:
             "max_new_tokens": rollout.sampling.max_new_tokens,
             "history_turns": rollout.history_turns,
             "show_actions": rollout.show_actions,
+            "action_order": rollout.action_order,
             "constrain_actions": rollout.constrain_actions,
             "concurrency": rollout.concurrency,
         }

@@ -54,6 +54,7 @@ PLAY_KEYS = (
     "max_new_tokens",
     "max_turns",
     "show_actions",
+    "action_order",
     "constrain_actions",
     "temperature",
 )

@@ -61,6 +61,10 @@ def test_the_policy_sees_the_valid_commands_on_every_observation_but_the_last(te
     assert finished.success and "Valid commands" not in finished.messages[-1]["content"]
     assert "take coin" in finished.messages[1]["content"].split("Valid commands:")[1]
 
+    listed = play(textworld_url, ExpertPolicy(), HOUSE, show_actions=True, action_order="listed", max_turns=1)
+    assert listed.messages[1]["content"].endswith("Valid commands: " + " | ".join(valid))
+    assert shown_order(created.observation, valid) != valid  # so the two orders were told apart
+
     plain = play(textworld_url, ExpertPolicy(), HOUSE, max_turns=3)
     assert not any("Valid commands" in m["content"] for m in plain.messages)
 

@@ -36,6 +36,7 @@ RUN_SETTINGS = {  # on top of test_trainer_recipes.TINY
     "max_turns": 1,
     "eval_every": 1,
     "keep_checkpoints": 1,
+    "action_order": "listed",
 }
 EVAL_ARGS = ["--n", "2", "--max-turns", "1", "--max-new-tokens", "4"]
 
@@ -93,14 +94,20 @@ def test_eval_plays_a_run_as_its_held_out_evaluation_did_unless_told_otherwise(
     assert "playing as the run's held-out evaluation did" in output
     played = json.loads((tmp_path / "as-run" / "results.json").read_text())["config"]
     assert (played["format"], played["max_new_tokens"], played["max_turns"]) == ("plain", 4, 1)
-    assert (played["show_actions"], played["constrain_actions"]) == (True, False)
+    assert (played["show_actions"], played["action_order"], played["constrain_actions"]) == (
+        True,
+        "listed",
+        False,
+    )
 
-    told = ["--format", "react", "--max-new-tokens", "6", "--no-show-actions"]
+    told = ["--format", "react", "--max-new-tokens", "6", "--no-show-actions", "--action-order", "hashed"]
     code, output = cli(*base, *told, "--out", str(tmp_path / "told"))
     assert code == 0, output
     played = json.loads((tmp_path / "told" / "results.json").read_text())["config"]
     assert (played["format"], played["max_new_tokens"], played["max_turns"]) == ("react", 6, 1)
-    assert played["show_actions"] is False
+    assert played["show_actions"] is False and played["action_order"] == "hashed"
+    code, output = cli(*base, "--action-order", "random", "--out", str(tmp_path / "bad"))
+    assert code == 2 and "unknown action order 'random'; orders are hashed, listed" in output, output
 
     legacy = tmp_path / "legacy-run"  # a run from before play.json: read from its config
     shutil.copytree(tiny_run, legacy, ignore=shutil.ignore_patterns("play.json"))
@@ -109,6 +116,7 @@ def test_eval_plays_a_run_as_its_held_out_evaluation_did_unless_told_otherwise(
     assert code == 0 and "playing as the run's held-out evaluation did" in output, output
     played = json.loads((tmp_path / "legacy" / "results.json").read_text())["config"]
     assert (played["format"], played["max_new_tokens"], played["show_actions"]) == ("plain", 4, True)
+    assert played["action_order"] == "listed"
 
 
 def test_export_writes_a_folder_plain_transformers_loads(

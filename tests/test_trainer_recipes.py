@@ -148,6 +148,7 @@ def test_the_kl_reference_is_the_policy_after_behaviour_cloning(
         ("rounds=[4, 2, 6]", "rounds must increase"),
         ("loss_aggregation=sum", "loss_aggregation must be one of"),
         ("clip_rule=wide", "clip_rule must be one of"),
+        ("action_order=random", "action_order must be one of hashed, listed"),
     ],
 )
 def test_bad_settings_are_refused_before_anything_loads(setting: str, message: str, tmp_path: Path) -> None:

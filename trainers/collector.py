@@ -243,6 +243,7 @@ def rollout_config(config: Any, max_turns: int | None, how: SamplingParams | Non
         concurrency=config.concurrency,
         format=config.agent_format,
         show_actions=config.show_actions,
+        action_order=config.action_order,
         # Unset: on wherever the generator can constrain (the hf batcher; not vllm's engine).
         constrain_actions=config.generator != "vllm"
         if config.constrain_actions is None
@@ -271,6 +272,7 @@ def play_settings(rollout: RolloutConfig) -> dict[str, Any]:
         "max_new_tokens": rollout.sampling.max_new_tokens,
         "max_turns": rollout.max_turns,
         "show_actions": rollout.show_actions,
+        "action_order": rollout.action_order,
         "constrain_actions": rollout.constrain_actions,
         "temperature": rollout.sampling.temperature,
     }

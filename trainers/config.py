@@ -153,6 +153,9 @@ class TrainConfig:
     show_actions: bool = True
     """Append the env's valid commands to each observation (demonstrations, rollouts and
     evaluation alike); envs that report none are unaffected."""
+    action_order: str = "hashed"
+    """Their order: ``hashed`` (fixed per state, meaningless; the default since a cloned model
+    learned positions in the env's alphabetical order) or ``listed`` (the env's order)."""
     constrain_actions: bool | None = None
     """Sample only replies that play one of the env's valid commands (constrained decoding,
     rollouts and evaluation alike): no turn is spent on an invalid command, and RL steps

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from agentgym.agents import ACTION_ORDERS
 from agentgym.trainers.algorithms import AGGREGATIONS
 from agentgym.trainers.registry import ADVANTAGE_ESTIMATORS, CLIP_RULES
 from agentgym.trainers.reporting import reporter_problems
@@ -28,6 +29,8 @@ def config_problems(config: Any) -> list[str]:
         problems.append(
             "constrain_actions needs generator 'hf' or 'ray' (the vllm generator decodes unconstrained)"
         )
+    if config.action_order not in ACTION_ORDERS:
+        problems.append(f"action_order must be one of {', '.join(ACTION_ORDERS)}")
     if config.rl_learning_rate is not None and config.rl_learning_rate <= 0:
         problems.append("rl_learning_rate must be positive (or unset: learning_rate)")
     if config.loss_aggregation not in AGGREGATIONS:

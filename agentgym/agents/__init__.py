@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from agentgym.agents.base import AgentFormat, ParsedReply
 from agentgym.agents.formats import JsonCallFormat, PlainFormat, ReActFormat
-from agentgym.agents.history import shown_order, window, with_actions
+from agentgym.agents.history import ACTION_ORDERS, shown_order, window, with_actions
 
 FORMATS: dict[str, type[AgentFormat]] = {cls.name: cls for cls in (ReActFormat, JsonCallFormat, PlainFormat)}
 DEFAULT_FORMAT = "react"
@@ -22,6 +22,7 @@ def get_format(name: str) -> AgentFormat:
 
 
 __all__ = [
+    "ACTION_ORDERS",
     "DEFAULT_FORMAT",
     "FORMATS",
     "AgentFormat",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from agentgym.policies.base import Message
 
@@ -36,13 +36,21 @@ def _digest(text: str) -> bytes:
     return hashlib.md5(text.encode(), usedforsecurity=False).digest()
 
 
-def with_actions(observation: str, actions: Sequence[str] | None) -> str:
-    """``observation`` followed by the env's valid commands (in ``shown_order``), one line;
-    unchanged when the env reports none. Showing them turns guessing a command's wording into
-    choosing one, which a small model learns from a few demonstrations (docs/rollout.md)."""
+ACTION_ORDERS: dict[str, Callable[[str, Sequence[str]], list[str]]] = {
+    "hashed": shown_order,
+    "listed": lambda observation, actions: list(actions),
+}
+"""How the valid commands are ordered for the policy: ``hashed`` (:func:`shown_order`) or
+``listed``, as the env lists them (textworld's: alphabetical)."""
+
+
+def with_actions(observation: str, actions: Sequence[str] | None, order: str = "hashed") -> str:
+    """``observation`` followed by the env's valid commands (in ``ACTION_ORDERS[order]``), one
+    line; unchanged when the env reports none. Showing them turns guessing a command's wording
+    into choosing one, which a small model learns from a few demonstrations (docs/rollout.md)."""
     if not actions:
         return observation
-    actions = shown_order(observation, actions)
+    actions = ACTION_ORDERS[order](observation, actions)
     shown = " | ".join(actions[:MAX_SHOWN_ACTIONS])
     if len(actions) > MAX_SHOWN_ACTIONS:
         shown += f" | ... ({len(actions) - MAX_SHOWN_ACTIONS} more)"

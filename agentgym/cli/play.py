@@ -170,6 +170,13 @@ def evaluate_policy(
     ] = None,
     history_turns: HistoryOpt = None,
     show_actions: ShowActionsOpt = None,
+    action_order: Annotated[
+        str | None,
+        typer.Option(
+            help="Order of the valid commands shown: hashed (fixed per state) or listed (the env's). "
+            "Default: hashed, or the training run's (--model runs/<run>).",
+        ),
+    ] = None,
     constrain_actions: ConstrainActionsOpt = None,
     out: Annotated[
         Path | None,
@@ -218,6 +225,7 @@ def evaluate_policy(
         "max_new_tokens": max_new_tokens,
         "max_turns": max_turns,
         "show_actions": show_actions,
+        "action_order": action_order,
         "constrain_actions": constrain_actions,
     }
     played = _as_the_run_played(model, policy)
@@ -433,6 +441,7 @@ def collect(
         "max_turns": max_turns,
         "max_new_tokens": max_new_tokens,
         "show_actions": False,
+        "action_order": "hashed",
         "constrain_actions": False,
     }
     rollout = _rollout_config(play, concurrency, temperature)
