@@ -34,6 +34,7 @@ from agentgym.evaluation import (
     env_server,
 )
 from agentgym.evaluation import evaluate as evaluate_on
+from agentgym.policies import CONSTRAINING_KINDS
 from agentgym.policies.base import SamplingParams
 from agentgym.policies.runs import played_by
 from agentgym.rollout import RolloutConfig
@@ -53,15 +54,16 @@ None: the env's limit)."""
 
 def play_settings(model: str | Path | None, given: dict[str, Any] | None = None) -> dict[str, Any]:
     """:data:`PLAY_DEFAULTS`, over them how ``model``'s run played (if it is one), over that
-    the ``given`` settings that are not None."""
-    played = played_by(model) or {}
-    settings = PLAY_DEFAULTS | {key: played[key] for key in PLAY_DEFAULTS if key in played}
-    unknown = set(given or {}) - set(PLAY_DEFAULTS)
+    the ``given`` settings that are not None (the run's record is not read when they are all
+    given, as the CLI gives them)."""
+    given = {key: value for key, value in (given or {}).items() if value is not None}
+    unknown = set(given) - set(PLAY_DEFAULTS)
     if unknown:
         raise UsageError(
             f"unknown play settings {', '.join(sorted(unknown))}; they are {', '.join(PLAY_DEFAULTS)}"
         )
-    return settings | {key: value for key, value in (given or {}).items() if value is not None}
+    played = {} if set(given) >= set(PLAY_DEFAULTS) else (played_by(model) or {})
+    return PLAY_DEFAULTS | {key: played[key] for key in PLAY_DEFAULTS if key in played} | given
 
 
 def rollout_config(
@@ -125,8 +127,10 @@ def evaluate(
     if url is None:
         _require_registered(env)
     settings = play_settings(model if policy == "hf" else None, play)
-    if settings["constrain_actions"] and policy != "hf":
-        raise UsageError("constrain_actions needs policy hf (the others decode unconstrained)")
+    if settings["constrain_actions"] and policy not in CONSTRAINING_KINDS:
+        raise UsageError(
+            f"constrain_actions needs policy {' or '.join(CONSTRAINING_KINDS)} (the others decode unconstrained)"
+        )
     temperature = (0.0 if k == 1 else 1.0) if temperature is None else temperature
     rollout = rollout_config(
         settings, concurrency=concurrency, temperature=temperature, history_turns=history_turns

@@ -51,8 +51,9 @@ class RolloutConfig:
     """The order they are shown in (:data:`agentgym.agents.ACTION_ORDERS`)."""
     constrain_actions: bool = False
     """The policy may only reply with one of the env's valid commands (``info["available_actions"]``)
-    in the agent format: token-level constrained decoding in the HF policy (requests carry
-    ``info["reply_choices"]``; other policies ignore it); envs that report none are unaffected."""
+    in the agent format: token-level constrained decoding in the hf and vllm policies
+    (requests carry ``info["reply_choices"]``; other policies ignore it); envs that report
+    none are unaffected."""
     max_context_tokens: int | None = None
     """Token-level policies: an episode whose context plus ``sampling.max_new_tokens`` would
     pass this many tokens ends with ``end_reason = "context_full"`` before the turn

@@ -89,6 +89,45 @@ def test_vllm_returns_sampled_tokens_with_the_models_log_probs(engine, reference
         assert mean_gap(generation.logprobs, expected) <= TOLERANCE
 
 
+CHOICES = ["go north", "open fridge", "open door", "take apple from fridge", "take apple from counter"]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+def test_constrained_replies_are_choices_with_the_masked_distributions_log_probs(
+    engine, reference, temperature: float
+) -> None:
+    """Each reply is one choice's exact tokens, and each recorded log-prob is
+    log_softmax(logits / T) over the tokens the choices allow there (greedy: T = 1), as the
+    hf backend records it and the learner scores it, not the model's unmasked one."""
+    from agentgym.policies.chat import reply_ids
+
+    policy, runner = engine
+    messages = [{"role": "user", "content": "You are in a kitchen with a fridge and a door. What do you do?"}]
+    request = GenerationRequest(messages, policy.prompt_ids(messages), info={"reply_choices": CHOICES})
+    allowed_replies = [reply_ids(policy.tokenizer, choice, policy.end_id) for choice in CHOICES]
+    sampling = SamplingParams(temperature=temperature, max_new_tokens=16)
+    generations = runner.run(policy.generate([request] * 6, sampling))
+    scale = temperature if temperature > 0 else 1.0
+    masked_gap = []
+    for generation in generations:
+        assert generation.choices == allowed_replies and generation.token_ids in allowed_replies
+        assert generation.text in CHOICES
+        ids = torch.tensor([request.prompt_ids + generation.token_ids])
+        with torch.no_grad():
+            logits = reference(ids).logits[0, len(request.prompt_ids) - 1 : -1] / scale
+        expected = []
+        for position, token in enumerate(generation.token_ids):
+            done = generation.token_ids[:position]
+            allowed = sorted({c[position] for c in allowed_replies if c[:position] == done})
+            expected.append(torch.log_softmax(logits[position, allowed], -1)[allowed.index(token)])
+        assert mean_gap(generation.logprobs, torch.stack(expected)) <= TOLERANCE
+        free = teacher_forced(reference, request.prompt_ids, generation.token_ids, scale)
+        masked_gap.append(mean_gap(generation.logprobs, free))
+    assert max(masked_gap) > 10 * TOLERANCE  # the mask moved the log-probs: not the free model's
+    if temperature == 0.0:
+        assert len({tuple(g.token_ids) for g in generations}) == 1
+
+
 def test_a_weight_sync_makes_vllm_sample_from_the_updated_model(engine, reference) -> None:
     """A LoRA update, merged as the trainer sends it, reaches every vLLM worker: log-probs
     then match the updated model, not the old one, and tokens carry the new version."""
@@ -150,7 +189,8 @@ def test_training_samples_with_vllm_from_the_weights_of_the_step_before(
     """`generator: vllm`: step 2's tokens are sampled after step 1's update reached vLLM
     (sync), or at most one version behind (async one-step-off). On-policy, vLLM's
     behaviour log-probs are the learner's up to the engines' float noise, so the merged
-    weights really arrived."""
+    weights really arrived; sync mode constrains replies to the valid commands, so the
+    learner scores them under the same mask as vLLM sampled them."""
     from agentgym.agents.tokens import sampled_versions
     from agentgym.trainers.loop import Trainer
     from agentgym.trajectory import read_trajectories
@@ -163,7 +203,7 @@ def test_training_samples_with_vllm_from_the_weights_of_the_step_before(
         generator="vllm",
         mode=mode,
         steps=2,
-        constrain_actions=False,
+        constrain_actions=mode == "sync",
     )
     run = Trainer(config, tmp_path / mode).run()
     history = run_metrics(run)
@@ -172,6 +212,7 @@ def test_training_samples_with_vllm_from_the_weights_of_the_step_before(
         step = record["step"]
         behaviour = step - 1 if mode == "sync" or step == 1 else step - 2
         trajectories = read_trajectories(run / "rollouts" / f"step-{step:06d}.jsonl")
+        assert all(bool(t.reply_choices) == (mode == "sync") for t in trajectories)
         assert {v for t in trajectories for v in sampled_versions(t.versions, t.loss_mask)} == {behaviour}
         (update,) = record["updates"]
         deviation = max(abs(update["ratio_p05"] - 1), abs(update["ratio_p95"] - 1))

@@ -244,10 +244,7 @@ def rollout_config(config: Any, max_turns: int | None, how: SamplingParams | Non
         format=config.agent_format,
         show_actions=config.show_actions,
         action_order=config.action_order,
-        # Unset: on wherever the generator can constrain (the hf batcher; not vllm's engine).
-        constrain_actions=config.generator != "vllm"
-        if config.constrain_actions is None
-        else config.constrain_actions,
+        constrain_actions=config.constrain_actions is not False,  # None: on, as run folders saved it
         max_context_tokens=config.max_context_tokens,
     )
 

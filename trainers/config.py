@@ -162,8 +162,8 @@ class TrainConfig:
     get ~2x cheaper (textworld, bench/RESULTS.md). This is action masking: behaviour
     log-probs, and the learner's log-probs, ratios and entropy, are those of the model's
     distribution renormalised over the allowed tokens (each trajectory records its turns'
-    choices). None: on with the hf and ray generators, off with vllm (its engine here
-    decodes unconstrained)."""
+    choices). Every generator constrains (hf's batcher, Ray's workers, vLLM's engine through
+    a logits processor). None (earlier versions' default, in their run folders): on."""
 
     # ----- off-policy and asynchronous training ------------------------------------------
     mode: str = "sync"

@@ -25,10 +25,6 @@ def config_problems(config: Any) -> list[str]:
         problems.append("curriculum must be 'all', 'fits-horizon' or 'unsolved'")
     if config.generator not in ("hf", "vllm", "ray"):
         problems.append("generator must be 'hf', 'vllm' or 'ray'")
-    if config.constrain_actions and config.generator == "vllm":
-        problems.append(
-            "constrain_actions needs generator 'hf' or 'ray' (the vllm generator decodes unconstrained)"
-        )
     if config.action_order not in ACTION_ORDERS:
         problems.append(f"action_order must be one of {', '.join(ACTION_ORDERS)}")
     if config.rl_learning_rate is not None and config.rl_learning_rate <= 0:

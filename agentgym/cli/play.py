@@ -216,8 +216,13 @@ def evaluate_policy(
 
     require_env(env, url)
     _require_policy(policy)
-    if constrain_actions and policy != "hf":
-        raise fail("--constrain-actions needs --policy hf (the others decode unconstrained)", EXIT_USAGE)
+    from agentgym.policies import CONSTRAINING_KINDS
+
+    if constrain_actions and policy not in CONSTRAINING_KINDS:
+        kinds = " or ".join(CONSTRAINING_KINDS)
+        raise fail(
+            f"--constrain-actions needs --policy {kinds} (the others decode unconstrained)", EXIT_USAGE
+        )
     temperature = temperature if temperature is not None else (0.0 if k == 1 else 1.0)
     out = out or Path("runs/eval") / f"{env}-{split}-{policy}-{time.strftime('%Y%m%d-%H%M%S')}"
     given = {

@@ -18,6 +18,8 @@ POLICY_KINDS: dict[str, tuple[str, str]] = {
     "expert": ("agentgym.policies.expert", "ExpertPolicy"),
 }
 """``kind`` -> (module, class) of each backend."""
+CONSTRAINING_KINDS = ("hf", "vllm")
+"""The backends that decode under ``info["reply_choices"]`` (token-level action masking)."""
 
 
 def make_policy(kind: str, **kwargs: Any) -> Policy:
@@ -30,6 +32,7 @@ def make_policy(kind: str, **kwargs: Any) -> Policy:
 
 
 __all__ = [
+    "CONSTRAINING_KINDS",
     "POLICY_KINDS",
     "Generation",
     "GenerationRequest",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from agentgym.policies.base import Message
+from agentgym.policies.base import GenerationRequest, Message
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
 """Chat templates' end-of-turn markers; each one stops a reply when the tokenizer has it
@@ -42,3 +42,10 @@ def reply_ids(tokenizer: Any, text: str, end_id: int) -> list[int]:
     """``text`` tokenized as a whole assistant reply: its tokens, then ``end_id`` (the
     :func:`end_of_turn_id`, looked up once: the lookup reads the whole vocabulary)."""
     return [*tokenizer.encode(text, add_special_tokens=False), end_id]
+
+
+def choice_ids(tokenizer: Any, request: GenerationRequest, end_id: int) -> list[list[int]] | None:
+    """``request.info["reply_choices"]`` (the only replies allowed, as text) as the token
+    sequences constrained decoding follows and the learner masks by; None: unconstrained."""
+    choices = request.info.get("reply_choices")
+    return [reply_ids(tokenizer, text, end_id) for text in choices] if choices else None

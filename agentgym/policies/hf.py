@@ -18,7 +18,7 @@ import torch
 
 from agentgym.policies.base import Generation, GenerationRequest, Message, SamplingParams
 from agentgym.policies.batching import BatcherStats, ContinuousBatcher
-from agentgym.policies.chat import chat_prompt_ids, end_of_turn_id, reply_ids, stop_token_ids
+from agentgym.policies.chat import chat_prompt_ids, choice_ids, end_of_turn_id, stop_token_ids
 from agentgym.policies.models import DEFAULT_MODEL, ModelSource, load_causal_lm
 from agentgym.policies.sampling import token_logprobs
 
@@ -105,7 +105,7 @@ class HFPolicy:
     async def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Generation]:
         """Answer every request (same order). Each request joins the live batch on its own,
         so concurrent calls share forwards and a short reply returns as soon as it ends."""
-        choices = [self._choices(request) for request in requests]
+        choices = [choice_ids(self.tokenizer, request, self.end_id) for request in requests]
         futures = [
             self._batcher.submit(self._checked_prompt(request), sampling, allowed)
             for request, allowed in zip(requests, choices, strict=True)
@@ -114,11 +114,6 @@ class HFPolicy:
         for reply, allowed in zip(replies, choices, strict=True):
             reply.choices = allowed
         return list(replies)
-
-    def _choices(self, request: GenerationRequest) -> list[list[int]] | None:
-        """``info["reply_choices"]`` (the only replies allowed, as text) as token sequences."""
-        choices = request.info.get("reply_choices")
-        return [reply_ids(self.tokenizer, text, self.end_id) for text in choices] if choices else None
 
     def _checked_prompt(self, request: GenerationRequest) -> list[int]:
         ids = request.prompt_ids if request.prompt_ids is not None else self.prompt_ids(request.messages)

@@ -38,7 +38,7 @@ from types import ModuleType
 from typing import Any
 
 from agentgym.policies.base import Generation, GenerationRequest, Message, SamplingParams
-from agentgym.policies.chat import chat_prompt_ids, stop_token_ids
+from agentgym.policies.chat import chat_prompt_ids, choice_ids, end_of_turn_id, stop_token_ids
 from agentgym.policies.models import DEFAULT_MODEL, resolve_model
 
 
@@ -69,9 +69,11 @@ class VLLMPolicy:
         path = resolve_model(model)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.stop_ids = stop_token_ids(self.tokenizer)
+        self.end_id = end_of_turn_id(self.tokenizer)
         if logprobs_mode is not None:
             engine_kwargs["logprobs_mode"] = logprobs_mode
         engine_kwargs.setdefault("worker_extension_cls", "agentgym.policies.vllm_worker.WeightSync")
+        engine_kwargs.setdefault("logits_processors", [CHOICE_PROCESSOR])
         if not _has_cuda():
             engine_kwargs = CPU_ENGINE_DEFAULTS | engine_kwargs
             # vLLM's first log-prob batch would otherwise compile for ~25 s; outputs are the same.
@@ -87,7 +89,9 @@ class VLLMPolicy:
         return chat_prompt_ids(self.tokenizer, messages)
 
     async def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Generation]:
-        """Answer every request (same order); vLLM batches them with everything else in flight."""
+        """Answer every request (same order); vLLM batches them with everything else in flight.
+        A request with ``info["reply_choices"]`` replies with one of them, token by token as
+        the hf backend would (:mod:`agentgym.policies.vllm_choices`)."""
         params = self.sampling_params(sampling)
         return list(await asyncio.gather(*(self._generate_one(request, params) for request in requests)))
 
@@ -137,6 +141,10 @@ class VLLMPolicy:
 
     async def _generate_one(self, request: GenerationRequest, params: Any) -> Generation:
         ids = request.prompt_ids if request.prompt_ids is not None else self.prompt_ids(request.messages)
+        choices = choice_ids(self.tokenizer, request, self.end_id)
+        if choices is not None:
+            params = params.clone()
+            params.extra_args = {CHOICES_ARG: choices}
         version = self.weights_version  # weights never change while a generation is in flight
         final = None
         async for output in self.engine.generate({"prompt_token_ids": ids}, params, uuid.uuid4().hex):
@@ -148,8 +156,15 @@ class VLLMPolicy:
         # With logprobs=0 each step's dict holds just the sampled token.
         logprobs = [step[token].logprob for step, token in zip(completion.logprobs, token_ids, strict=True)]
         reason = "length" if completion.finish_reason == "length" else "stop"
-        return Generation(completion.text, token_ids, logprobs, reason, versions=[version] * len(token_ids))
+        return Generation(
+            completion.text, token_ids, logprobs, reason, versions=[version] * len(token_ids), choices=choices
+        )
 
+
+CHOICES_ARG = "reply_choices"
+"""``vllm.SamplingParams.extra_args`` key the choice processor reads (token-id lists)."""
+CHOICE_PROCESSOR = "agentgym.policies.vllm_choices:ChoiceLogitsProcessor"
+"""Loaded by name in the engine process, which imports vLLM (this module does so lazily)."""
 
 CPU_ENGINE_DEFAULTS: dict[str, Any] = {
     "dtype": "float32",
