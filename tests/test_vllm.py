@@ -92,7 +92,7 @@ def test_vllm_returns_sampled_tokens_with_the_models_log_probs(engine, reference
 CHOICES = ["go north", "open fridge", "open door", "take apple from fridge", "take apple from counter"]
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+@pytest.mark.parametrize("temperature", [1.0, 0.0])  # 0.7's scaling: the test above
 def test_constrained_replies_are_choices_with_the_masked_distributions_log_probs(
     engine, reference, temperature: float
 ) -> None:
