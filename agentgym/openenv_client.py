@@ -15,6 +15,8 @@ taken (``agentgym eval --url ws://host:port``, ``train --set env_url=ws://host:p
 * **Observations.** The observation's one string field (or ``observation_key``) is the
   text the agent sees; with none, the observation as JSON. Its other fields go into
   ``info`` (an ``info`` object is merged in: AgentGym servers put v1's info there).
+* **Tool-calling envs** (OpenEnv's ``MCPEnvironment``, whose action is a ``CallToolAction``):
+  replies become tool calls, results the text (:mod:`agentgym.openenv_tools`).
 * **Rewards and outcome.** Rewards pass through; ``score`` is the env's, else the episode's
   reward so far; ``success`` is the env's, else an episode that ended (``done``) with a
   positive score. ``done`` is ``terminated`` unless the env says ``truncated``.
@@ -48,6 +50,7 @@ from agentgym.errors import (
     error_from_body,
 )
 from agentgym.mcp_client import McpEnvClient, is_mcp_url
+from agentgym.openenv_tools import is_tool_action, tool_call, tool_result_text, tool_signatures
 from agentgym.wire import Health, Metadata, SessionCreated, StepResult, TaskInfo, TaskList
 
 TASKS_PER_SPLIT = 100
@@ -125,6 +128,9 @@ class OpenEnvClient:
         self._keys: tuple[str, str | None] | None = (action_key, observation_key) if action_key else None
         self._observation_key = observation_key
         self._episodes: dict[str, _Episode] = {}
+        self._tool_mode = False
+        """The env's actions are tool calls (set from ``/schema``)."""
+        self._tools: dict[str, list[str]] | None = None
 
     # ----- what the server is ----------------------------------------------------------
 
@@ -142,7 +148,9 @@ class OpenEnvClient:
             version=str(about.get("version") or "unknown"),
             description=str(about.get("description") or ""),
             instruction=str(about.get("readme_content") or about.get("description") or ""),
-            action_format=f"the action's {action_key!r} field, as text",
+            action_format="a tool call: verb[text], a tool's name, or text for tool 'act'"
+            if self._tool_mode
+            else f"the action's {action_key!r} field, as text",
             splits={split: TASKS_PER_SPLIT for split in SPLIT_SEED_BASES},
             max_turns=self.max_turns,
             reward_range=[0.0, 1.0],
@@ -186,7 +194,10 @@ class OpenEnvClient:
         episode = self._episode(session_id)
         action_key, _ = await self._schema_keys()
         async with episode.lock:
-            reply = await self._exchange(episode, {"type": "step", "data": {action_key: action}})
+            data = (
+                tool_call(action, await self._tool_list(episode)) if self._tool_mode else {action_key: action}
+            )
+            reply = await self._exchange(episode, {"type": "step", "data": data})
             episode.turn += 1
             reward = float(reply.get("reward") or 0.0)
             episode.total_reward += reward
@@ -234,13 +245,23 @@ class OpenEnvClient:
                 schema = await self._get("/schema")
             except AgentGymError:
                 schema = await self._get("/openenv/schema")
-            action_key = _text_field(schema.get("action", {}), required_only=True)
+            self._tool_mode = is_tool_action(schema.get("action", {}))
+            action_key = (
+                "tool_name" if self._tool_mode else _text_field(schema.get("action", {}), required_only=True)
+            )
             if action_key is None:
                 raise AgentGymError(
                     f"cannot tell which field of {self.http_url}'s action carries the text; name it (action_key)"
                 )
             self._keys = (action_key, self._observation_key or _text_field(schema.get("observation", {})))
         return self._keys
+
+    async def _tool_list(self, episode: _Episode) -> dict[str, list[str]]:
+        """The env's tools and their required arguments, listed once (over ``episode``)."""
+        if self._tools is None:
+            reply = await self._exchange(episode, {"type": "step", "data": {"type": "list_tools"}})
+            self._tools = tool_signatures(reply.get("observation") or {})
+        return self._tools
 
     async def _connect(self) -> ClientConnection:
         try:
@@ -276,11 +297,12 @@ class OpenEnvClient:
     ) -> tuple[str, dict[str, Any], tuple[bool, bool]]:
         """(observation text, info, (terminated, truncated)) of a reply's data."""
         fields = dict(reply.get("observation") or {})
-        _, text_key = self._keys or (None, None)
-        text = fields.pop(text_key) if text_key in fields else json.dumps(fields, sort_keys=True)
+        text = self._observation_text(fields)
         done = bool(reply.get("done"))
-        nested = fields.pop("info", None)
-        info = fields | (nested if isinstance(nested, dict) else {})
+        nested, meta = fields.pop("info", None), fields.pop("metadata", None)
+        info = (
+            fields | (meta if isinstance(meta, dict) else {}) | (nested if isinstance(nested, dict) else {})
+        )
         truncated = bool(info.get("truncated")) and done
         score = float(info.get("score", episode.total_reward))
         info |= {
@@ -290,6 +312,21 @@ class OpenEnvClient:
             "success": bool(info.get("success", done and score > 0)),
         }
         return str(text), info, (done and not truncated, truncated)
+
+    def _observation_text(self, fields: dict[str, Any]) -> str:
+        """The text the agent sees, popped from an observation's ``fields``: a tool's result;
+        the schema's text field; a tool-calling env's one string field besides v1's
+        ``expert_action`` (its reset's observation is its own class); else the whole
+        observation as JSON."""
+        _, text_key = self._keys or (None, None)
+        if self._tool_mode and "tool_name" in fields:
+            return tool_result_text(fields)
+        if text_key in fields and not self._tool_mode:
+            return str(fields.pop(text_key))
+        strings = [key for key, value in fields.items() if isinstance(value, str) and key != "expert_action"]
+        if self._tool_mode and len(strings) == 1:
+            return fields.pop(strings[0])
+        return json.dumps(fields, sort_keys=True)
 
     def _episode(self, session_id: str) -> _Episode:
         episode = self._episodes.get(session_id)

@@ -20,7 +20,7 @@ from test_trainer_recipes import train
 from typer.testing import CliRunner
 
 from agentgym.cli import app
-from agentgym.errors import UnknownTask
+from agentgym.errors import InvalidAction, UnknownTask
 from agentgym.openenv_client import TEST_SEED_BASE, OpenEnvClient
 from agentgym.policies.expert import ExpertPolicy
 from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
@@ -31,6 +31,8 @@ from agentgym.trajectory import read_jsonl
 openenv_types = pytest.importorskip("openenv.core.env_server.types")
 from openenv.core.env_server.http_server import create_app  # noqa: E402
 from openenv.core.env_server.interfaces import Environment  # noqa: E402
+from openenv.core.env_server.mcp_environment import MCPEnvironment  # noqa: E402
+from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation  # noqa: E402
 
 HIGHEST, MAX_GUESSES = 16, 8
 
@@ -82,6 +84,83 @@ class GuessNumber(Environment):
     def _clue(self, prompt: str, *, done: bool, reward: float) -> Clue:
         oracle = None if done else str((self._low + self._high) // 2)
         return Clue(prompt=prompt, expert_action=oracle, done=done, reward=reward)
+
+
+class GuessNumberTools(MCPEnvironment):
+    """:class:`GuessNumber` as an OpenEnv MCP environment: one tool, ``guess(number)``; its
+    result carries the clue and the oracle (as a tool call), its observation the reward and end."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self) -> None:
+        from fastmcp import FastMCP
+
+        self._game, self._last = GuessNumber(), None
+        tools = FastMCP("guess-number-tools")
+
+        @tools.tool
+        def guess(number: str) -> dict[str, Any]:
+            """Guess the secret number: v1's step fields (the tool contract of docs/mcp.md)."""
+            self._last = self._as_calls(self._game.step(Guess(guess=number)))
+            return {"observation": self._last.prompt, "info": {"expert_action": self._last.expert_action}}
+
+        super().__init__(tools)
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> Clue:
+        return self._as_calls(self._game.reset(seed, episode_id))
+
+    async def step_async(self, action: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
+        observation = await super().step_async(action, timeout_s=timeout_s, **kwargs)
+        if isinstance(action, CallToolAction) and self._last is not None:
+            observation.done, observation.reward = self._last.done, self._last.reward
+            self._last = None
+        return observation
+
+    def _step_impl(self, action: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
+        raise ValueError("this env acts through its tools")
+
+    @property
+    def state(self) -> openenv_types.State:
+        return self._game.state
+
+    def get_metadata(self) -> openenv_types.EnvironmentMetadata:
+        return self._game.get_metadata()
+
+    @staticmethod
+    def _as_calls(clue: Clue) -> Clue:
+        if clue.expert_action is not None:
+            clue.expert_action = f"guess[{clue.expert_action}]"
+        return clue
+
+
+def test_an_openenv_mcp_environment_is_played_through_its_tools(tmp_path: Path) -> None:
+    app_ = create_app(GuessNumberTools, CallToolAction, CallToolObservation, max_concurrent_envs=8)
+    with serve_in_thread(app_) as url:
+        ws_url = "ws://" + url.removeprefix("http://")
+
+        async def scenario() -> None:
+            async with OpenEnvClient(ws_url) as client:
+                assert "tool call" in (await client.metadata()).action_format
+                created = await client.create("test/seed-10007")
+                assert created.observation == "Guess my number, 1 to 16."
+                assert created.info["expert_action"] == "guess[8]"
+                secret = secret_of(TEST_SEED_BASE + 7)
+                wrong = await client.step(created.session_id, f"guess[{secret % HIGHEST + 1}]")
+                assert wrong.observation in ("Higher.", "Lower.") and not wrong.terminated
+                assert wrong.info["expert_action"].startswith("guess[")  # the result's info, in info
+                with pytest.raises(InvalidAction, match="names no tool of this env; its tools: guess"):
+                    await client.step(created.session_id, "sing")
+                right = await client.step(created.session_id, f"guess[{secret}]")
+                assert (right.observation, right.reward, right.terminated) == ("Right!", 1.0, True)
+                assert right.info["success"]
+                await client.delete(created.session_id)
+
+        asyncio.run(scenario())
+        args = ["eval", "--env", "guess-number", "--url", ws_url, "--policy", "expert", "--n", "5"]
+        result = CliRunner().invoke(app, [*args, "--out", str(tmp_path)])
+        assert result.exit_code == 0, result.output
+        results = json.loads((tmp_path / "results.json").read_text())
+        assert (results["episodes"], results["success_rate"], results["errored"]) == (5, 1.0, 0)
 
 
 def secret_of(seed: int) -> int:
