@@ -239,7 +239,7 @@ def shape_figures(
             )
             rows[-1] |= update_speed(config, learner, length, device)
         if lora:  # generation does not depend on what is trained
-            rows[-1]["generation_tokens_s"] = generation_speed(policy, new_tokens)
+            rows[-1]["generation_tokens_s"] = generation_speed(policy, new_tokens, device)
         asyncio.run(policy.close())
         del learner, policy
         _free(device)
@@ -279,7 +279,7 @@ def median_seconds(work: Any, device: torch.device) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def generation_speed(policy: HFPolicy, new_tokens: int, replies: int = 8) -> float:
+def generation_speed(policy: HFPolicy, new_tokens: int, device: torch.device, replies: int = 8) -> float:
     """Sampled tokens/s of ``replies`` concurrent replies through the continuous batcher
     (the median of ``REPEATS`` rounds)."""
     requests = [
@@ -289,13 +289,10 @@ def generation_speed(policy: HFPolicy, new_tokens: int, replies: int = 8) -> flo
     sampling = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=0)
     for _ in range(2):  # warm-up: on an H200 the first two full rounds ran 3x slower than the rest
         asyncio.run(policy.generate(requests, sampling))
-    rates = []
-    for _ in range(REPEATS):
-        started = time.perf_counter()
-        generations = asyncio.run(policy.generate(requests, sampling))
-        tokens = sum(len(g.token_ids or []) for g in generations)
-        rates.append(tokens / (time.perf_counter() - started))
-    return round(sorted(rates)[len(rates) // 2], 1)
+    rounds: list[list[Any]] = []
+    seconds = median_seconds(lambda: rounds.append(asyncio.run(policy.generate(requests, sampling))), device)
+    # Seeded: every round samples the same tokens, so the median time gives the median rate.
+    return round(sum(len(g.token_ids or []) for g in rounds[-1]) / seconds, 1)
 
 
 def update_match(folder: Path, algo: str, device: torch.device, tolerance: float) -> dict[str, Any]:
