@@ -52,18 +52,29 @@ PLAY_DEFAULTS: dict[str, Any] = {
 None: the env's limit)."""
 
 
-def play_settings(model: str | Path | None, given: dict[str, Any] | None = None) -> dict[str, Any]:
-    """:data:`PLAY_DEFAULTS`, over them how ``model``'s run played (if it is one), over that
-    the ``given`` settings that are not None (the run's record is not read when they are all
-    given, as the CLI gives them)."""
+def play_settings(
+    model: str | Path | None, given: dict[str, Any] | None = None, policy: str = "hf"
+) -> dict[str, Any]:
+    """:data:`PLAY_DEFAULTS`, over them how ``model``'s run played (if it is one; fitted to
+    ``policy`` by :func:`as_policy_can_play`), over that the ``given`` settings that are not
+    None (the run's record is not read when they are all given, as the CLI gives them)."""
     given = {key: value for key, value in (given or {}).items() if value is not None}
     unknown = set(given) - set(PLAY_DEFAULTS)
     if unknown:
         raise UsageError(
             f"unknown play settings {', '.join(sorted(unknown))}; they are {', '.join(PLAY_DEFAULTS)}"
         )
-    played = {} if set(given) >= set(PLAY_DEFAULTS) else (played_by(model) or {})
+    played = {} if set(given) >= set(PLAY_DEFAULTS) else as_policy_can_play(played_by(model) or {}, policy)
     return PLAY_DEFAULTS | {key: played[key] for key in PLAY_DEFAULTS if key in played} | given
+
+
+def as_policy_can_play(played: dict[str, Any], policy: str) -> dict[str, Any]:
+    """A run's play record for a policy of kind ``policy``: one that cannot constrain its
+    replies (an OpenAI-compatible server decodes freely) is shown the valid commands the run
+    was constrained to, and picks among them by itself (a trained model ends its reply)."""
+    if played.get("constrain_actions") and policy not in CONSTRAINING_KINDS:
+        return played | {"constrain_actions": False, "show_actions": True}
+    return played
 
 
 def rollout_config(
@@ -126,7 +137,7 @@ def evaluate(
     """
     if url is None:
         _require_registered(env)
-    settings = play_settings(model if policy == "hf" else None, play)
+    settings = play_settings(model, play, policy)
     if settings["constrain_actions"] and policy not in CONSTRAINING_KINDS:
         raise UsageError(
             f"constrain_actions needs policy {' or '.join(CONSTRAINING_KINDS)} (the others decode unconstrained)"

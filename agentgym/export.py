@@ -20,18 +20,29 @@ import yaml
 
 from agentgym.policies.chat import stop_token_ids
 from agentgym.policies.runs import RUN_CONFIG, RunCheckpoint, find_checkpoint
-from agentgym.run_folder import READABLE_FOLDER, MetricsLog, read_play, write_play
+from agentgym.run_folder import READABLE_FILE, READABLE_FOLDER, MetricsLog, read_play, write_play
+
+EXPORT_DTYPES = ("bfloat16", "float16", "float32")
+"""Weight types ``export`` writes. bfloat16, the default, halves the folder (269 MB for
+SmolLM2-135M) and is what the published models ship in; float32 keeps the trained weights
+bit for bit as the run evaluated them."""
 
 HELD_OUT_PREFIX = ("val_", "eval_")
 """Metrics of the held-out evaluations: validation (``val_success_rate``, ...) and the
 test panel of the before/after report (``eval_success_rate``, ...)."""
 
 
-def export_run(run: str | Path, out: str | Path, *, step: int | None = None) -> Path:
+def export_run(run: str | Path, out: str | Path, *, step: int | None = None, dtype: str = "bfloat16") -> Path:
     """Export ``run`` (a run folder, its newest complete checkpoint or ``step``'s; or one
-    checkpoint folder) to the new folder ``out``. ValueError when ``run`` is not a training
-    run or ``out`` exists and is not empty."""
+    checkpoint folder) to the new folder ``out``, weights in ``dtype``. ValueError when
+    ``run`` is not a training run, ``out`` exists and is not empty, or ``dtype`` is not one
+    of :data:`EXPORT_DTYPES`."""
+    import torch
+
     from agentgym.policies.models import load_checkpoint
+
+    if dtype not in EXPORT_DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; export writes {', '.join(EXPORT_DTYPES)}")
 
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -48,11 +59,13 @@ def export_run(run: str | Path, out: str | Path, *, step: int | None = None) -> 
         stop_where_the_run_stopped(
             loaded.model.generation_config, loaded.tokenizer, read_play(checkpoint.run)
         )
-        loaded.model.save_pretrained(staging, safe_serialization=True)
+        loaded.model.to(getattr(torch, dtype)).save_pretrained(staging, safe_serialization=True)
         loaded.tokenizer.save_pretrained(staging)
-        (staging / "README.md").write_text(model_card(checkpoint, loaded.source.describe()))
+        (staging / "README.md").write_text(model_card(checkpoint, loaded.source.describe(), dtype))
         if (played := read_play(checkpoint.run)) is not None:  # eval --model plays it as the run did
             write_play(staging, played)
+        for written in staging.iterdir():  # transformers writes some files private (0600)
+            written.chmod(READABLE_FILE)
         staging.chmod(READABLE_FOLDER)  # mkdtemp makes it private
         if out.exists():
             out.rmdir()  # empty (checked above)
@@ -78,7 +91,7 @@ def stop_where_the_run_stopped(generation: Any, tokenizer: Any, played: dict[str
         )
 
 
-def model_card(checkpoint: RunCheckpoint, source: dict[str, Any]) -> str:
+def model_card(checkpoint: RunCheckpoint, source: dict[str, Any], dtype: str) -> str:
     """A Hugging Face model card: front matter, where the model came from, its held-out
     figures and the run's config."""
     config = checkpoint.config
@@ -103,6 +116,12 @@ def model_card(checkpoint: RunCheckpoint, source: dict[str, Any]) -> str:
         f"- run folder: `{checkpoint.run}`",
         f"- checkpoint: `{checkpoint.folder.name}` (step {checkpoint.step})",
         f"- sha256 of the base model and checkpoint files: `{source['sha256']}`",
+        f"- weights: {dtype}"
+        + (
+            ""
+            if dtype == "float32"
+            else " (`agentgym export --dtype float32` keeps the run's float32 exactly)"
+        ),
         "",
         "```python",
         "from transformers import AutoModelForCausalLM, AutoTokenizer",

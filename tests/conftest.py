@@ -75,6 +75,46 @@ def choice_url(agentgym_cache: str) -> Iterator[str]:
         yield url
 
 
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_cli(*args: str) -> tuple[int, str]:
+    """`agentgym ARGS` in this process: exit code and output, its whitespace runs made single
+    spaces (rich wraps long lines)."""
+    from typer.testing import CliRunner
+
+    from agentgym.cli import app
+
+    result = CliRunner().invoke(app, list(args))
+    return result.exit_code, " ".join(result.output.split())
+
+
+@contextlib.contextmanager
+def served_model(model: Path | str) -> Iterator[str]:
+    """`agentgym serve-model --model MODEL` as a user starts it; yields its /v1 base URL."""
+    from agentgym.servers.launcher import free_port
+
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "agentgym.cli",
+        "serve-model",
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+    ]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        output = read_until(server, "Uvicorn running", timeout=120)
+        assert "Uvicorn running" in output, output
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
 def send_raw(
     http: httpx.Client, method: str, path: str, body: object | str | bytes = b"", **kwargs: object
 ) -> tuple[int | None, dict]:

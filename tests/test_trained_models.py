@@ -1,7 +1,8 @@
 """From a training run to a model you can use (issue 21), as a user runs it: a tiny run
 trained with `agentgym train`, then `agentgym eval --model RUN` on the test split,
-`agentgym export` to a folder plain `transformers` loads and generates with, and
-`agentgym serve-model --model RUN` over HTTP. Also: checkpoint retention in a real run,
+`agentgym export` to a folder plain `transformers` loads and generates with
+(`agentgym serve-model` and the real model's replies outside the trainer:
+tests/test_trainer.py). Also: checkpoint retention in a real run,
 and the fast, clear errors for a model that is not there. A two-layer random Llama with
 SmolLM2's tokenizer keeps it cheap."""
 
@@ -15,20 +16,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
-from conftest import read_until, run_metrics
+from conftest import run_cli as cli
+from conftest import run_metrics
 from test_trainer_recipes import train
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from typer.testing import CliRunner
 
-from agentgym.cli import app
 from agentgym.policies.hf import HFPolicy
 from agentgym.servers.launcher import free_port
 from agentgym.trajectory import read_jsonl
-
-runner = CliRunner()
 
 RUN_SETTINGS = {  # on top of test_trainer_recipes.TINY
     "bc_steps": 2,  # cloning moves the adapters whatever the (random) model earns
@@ -39,12 +36,6 @@ RUN_SETTINGS = {  # on top of test_trainer_recipes.TINY
     "action_order": "listed",
 }
 EVAL_ARGS = ["--n", "2", "--max-turns", "1", "--max-new-tokens", "4"]
-
-
-def cli(*args: str) -> tuple[int, str]:
-    """Exit code and output, its whitespace runs made single spaces (rich wraps long lines)."""
-    result = runner.invoke(app, list(args))
-    return result.exit_code, " ".join(result.output.split())
 
 
 @pytest.fixture(scope="module")
@@ -130,8 +121,11 @@ def test_export_writes_a_folder_plain_transformers_loads(
     }
     card = (out / "README.md").read_text()
     assert "step 3" in card and "eval_success_rate" in card and "algo: grpo" in card  # figures and config
+    assert "weights: bfloat16" in card
+    assert all(p.stat().st_mode & 0o777 == 0o644 for p in out.iterdir())  # shareable, as the folder
 
     model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.dtype == torch.bfloat16  # half of float32's size, as published models ship
     tokenizer = AutoTokenizer.from_pretrained(out)
     ids = tokenizer("You see a red door.", return_tensors="pt").input_ids
     generated = model.generate(ids, max_new_tokens=3, do_sample=False)
@@ -143,13 +137,20 @@ def test_export_writes_a_folder_plain_transformers_loads(
     assert generation["max_new_tokens"] == 4 and generation.get("do_sample") is False
     assert model.generate(ids).shape[1] <= ids.shape[1] + 4
 
+    exact = tmp_path / "export-float32"
+    code, output = cli("export", str(tiny_run), "--out", str(exact), "--dtype", "float32")
+    assert code == 0, output
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     served = HFPolicy(str(tiny_run), device="cpu")
     asyncio.run(served.close())
     with torch.no_grad():
-        exported, trained, untrained = (m(ids).logits for m in (model, served.model, base))
-    assert torch.allclose(exported, trained, atol=1e-5)  # the export is the run's model
+        exported, trained, untrained, halved = (
+            m(ids).logits.float()
+            for m in (AutoModelForCausalLM.from_pretrained(exact), served.model, base, model)
+        )
+    assert torch.allclose(exported, trained, atol=1e-5)  # the float32 export is the run's model
     assert not torch.allclose(exported, untrained, atol=1e-4)  # with the trained weights merged in
+    assert torch.allclose(halved, trained, atol=0.1)  # bfloat16: the same model, rounded
 
     # The run's play record travels with the export: eval plays the exported model as the run did.
     assert json.loads((out / "play.json").read_text()) == json.loads((tiny_run / "play.json").read_text())
@@ -172,39 +173,11 @@ def test_export_writes_a_folder_plain_transformers_loads(
 
     code, output = cli("export", str(tiny_run), "--out", str(out))
     assert code == 2 and "not an empty folder" in output  # never overwrites
+    code, output = cli("export", str(tiny_run), "--dtype", "int8", "--out", str(tmp_path / "int8"))
+    assert code == 2 and "unknown dtype 'int8'; export writes bfloat16, float16, float32" in output
+    assert not (tmp_path / "int8").exists()
     code, output = cli("export", str(tiny_run), "--step", "1", "--out", str(tmp_path / "gone"))
     assert code == 2 and "no checkpoint of step 1" in output and not (tmp_path / "gone").exists()
-
-
-def test_serve_model_serves_a_run_over_the_openai_api(tiny_run: Path) -> None:
-    port = free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "agentgym.cli",
-        "serve-model",
-        "--model",
-        str(tiny_run),
-        "--port",
-        str(port),
-    ]
-    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        output = read_until(server, "Uvicorn running", timeout=120)
-        assert "Uvicorn running" in output, output
-        base = f"http://127.0.0.1:{port}/v1"
-        assert httpx.get(f"{base}/models").json()["data"][0]["id"] == str(tiny_run)
-        body = {
-            "messages": [{"role": "user", "content": "Pick a colour."}],
-            "max_tokens": 3,
-            "temperature": 0,
-        }
-        reply = httpx.post(f"{base}/chat/completions", json=body, timeout=60)
-        assert reply.status_code == 200, reply.text
-        assert reply.json()["usage"]["completion_tokens"] >= 1
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def test_eval_records_schema_seed_commit_and_per_challenge_figures(

@@ -16,9 +16,10 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
-from conftest import run_metrics, untrained_evaluation
+from conftest import REPO, run_cli, run_metrics, served_model, untrained_evaluation
 
 from agentgym.trainers.algorithms import SEARCH_OUTCOMES
 from agentgym.trainers.config import TrainConfig
@@ -49,11 +50,18 @@ def choice_config(algo: str, **overrides: object) -> TrainConfig:
     return TrainConfig(**(values | overrides))
 
 
-@pytest.mark.parametrize("algo", ["bapo", "grpo"])
-def test_policy_learns_the_one_turn_task_from_reward_alone(algo: str, tmp_path: Path) -> None:
-    # grpo's KL term (0.04, its paper's) gives every episode a gradient, doubling this test's
+@pytest.fixture(scope="module")
+def choice_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A learning run on `choice` of the algorithm ``request.param`` (its folder is named so)."""
+    algo = request.param
+    # grpo's KL term (0.04, its paper's) gives every episode a gradient, doubling this run's
     # time; what is tested here is learning from the clipped surrogate, so it is left out.
-    run = Trainer(choice_config(algo, kl_coef=0.0), tmp_path / algo).run()
+    return Trainer(choice_config(algo, kl_coef=0.0), tmp_path_factory.mktemp("runs") / algo).run()
+
+
+@pytest.mark.parametrize("choice_run", ["bapo", "grpo"], indirect=True)
+def test_policy_learns_the_one_turn_task_from_reward_alone(choice_run: Path) -> None:
+    run, algo = choice_run, choice_run.name
     history = run_metrics(run)
     first, last = history[0], history[-1]
     print(
@@ -70,6 +78,43 @@ def test_policy_learns_the_one_turn_task_from_reward_alone(algo: str, tmp_path: 
         searched = [u for u in updates if u["bapo_search"] != "on-policy"]
         assert all(0.6 <= u["clip_low"] <= 0.9 and 1.2 <= u["clip_high"] <= 3.0 for u in searched)
         assert all("entropy" in u for r in history for u in r["updates"])
+
+
+@pytest.mark.parametrize("choice_run", ["bapo"], indirect=True)
+def test_the_learned_model_ends_its_replies_and_plays_outside_the_trainer(
+    choice_run: Path, tmp_path: Path
+) -> None:
+    """Trained under constrained decoding, the model must still end its reply by itself: in
+    plain transformers from the exported folder (bench/stop_check.py: no AgentGym code on
+    the path), and served over the OpenAI API, where `eval --policy openai` plays it as the
+    run's held-out evaluation did and must score as that evaluation did."""
+    exported, held_out = tmp_path / "exported", choice_run / "rollouts" / "eval" / "step-000006.jsonl"
+    code, output = run_cli("export", str(choice_run), "--out", str(exported))
+    assert code == 0, output
+    check = subprocess.run(
+        [sys.executable, "bench/stop_check.py", str(exported), str(held_out)],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )  # fmt: skip
+    stops = json.loads(check.stdout.splitlines()[-1])
+    assert stops["max_new_tokens"] == 6 and stops["replies"] == 16, check.stdout + check.stderr
+    assert stops["stopped"] == 16 and stops["same_as_recorded"] >= 15, stops
+
+    with served_model(choice_run) as base_url:
+        assert httpx.get(f"{base_url}/models").json()["data"][0]["id"] == str(choice_run)
+        record = json.loads(held_out.read_text().splitlines()[0])
+        prompt = [{"role": m["role"], "content": m["content"]} for m in record["messages"][:2]]
+        body = {"messages": prompt, "temperature": 0}  # no max_tokens: the model must stop
+        answer = httpx.post(f"{base_url}/chat/completions", json=body, timeout=120).json()
+        assert answer["choices"][0]["finish_reason"] == "stop", answer
+        assert answer["choices"][0]["message"]["content"].strip() == record["messages"][2]["content"]
+        code, output = run_cli("eval", "--env", "choice", "--policy", "openai", "--base-url", base_url,
+                                "--model", str(choice_run), "--n", "16", "--out", str(tmp_path / "ev"))  # fmt: skip
+    assert code == 0, output
+    assert "playing as the run's held-out evaluation did" in output and "shown, not enforced" in output
+    results = json.loads((tmp_path / "ev" / "results.json").read_text())
+    in_process = run_metrics(choice_run)[-1]["eval_success_rate"]
+    assert results["invalid_reply_rate"] == 0.0 and results["rejected_action_rate"] == 0.0
+    assert abs(results["success_rate"] - in_process) <= 2 / 16, (results["success_rate"], in_process)
 
 
 def test_gigpo_learns_textworld_games_it_never_saw(tmp_path: Path) -> None:

@@ -24,6 +24,13 @@ def export_model(
         int | None,
         typer.Option(min=0, help="Export this step's checkpoint (default: the newest complete one)."),
     ] = None,
+    dtype: Annotated[
+        str,
+        typer.Option(
+            help="Weight type: bfloat16 (half the size, as published models ship), float16, "
+            "or float32 (the trained weights exactly as the run evaluated them)."
+        ),
+    ] = "bfloat16",
 ) -> None:
     """Save a training run's model as a standalone Hugging Face folder: trained weights
     merged into the base model (safetensors), tokenizer, config and a model card."""
@@ -31,7 +38,7 @@ def export_model(
 
     try:
         with console.status(f"exporting {run} ..."):
-            folder = export_run(run, out, step=step)
+            folder = export_run(run, out, step=step, dtype=dtype)
     except (ValueError, RuntimeError, OSError) as exc:
         raise fail(str(exc), EXIT_USAGE) from None
     console.print(f"wrote {folder}; load it with AutoModelForCausalLM.from_pretrained({str(folder)!r})")

@@ -71,11 +71,11 @@ def _rollout_config(
 def _as_the_run_played(model: str | None, policy: str) -> dict[str, Any]:
     """``PLAY_DEFAULTS``, or, for a training run or a model exported from one, how the run's
     held-out evaluation played (its model was trained on that format and those observations)."""
-    from agentgym.api import PLAY_DEFAULTS
+    from agentgym.api import PLAY_DEFAULTS, as_policy_can_play
     from agentgym.trainers.collector import evaluation_rollout
 
     try:
-        played = evaluation_rollout(model) if policy == "hf" else None  # vllm refuses a run folder
+        played = evaluation_rollout(model)
     except (OSError, ValueError, yaml.YAMLError) as exc:  # e.g. a run of an older version
         console.print(
             f"[yellow]the run's config.yaml does not load ({exc}); playing with eval's defaults[/yellow]"
@@ -83,7 +83,9 @@ def _as_the_run_played(model: str | None, policy: str) -> dict[str, Any]:
         return PLAY_DEFAULTS
     if played is None:
         return PLAY_DEFAULTS
-    settings = {key: played[key] for key in PLAY_DEFAULTS}
+    settings = {key: as_policy_can_play(played, policy)[key] for key in PLAY_DEFAULTS}
+    if settings["constrain_actions"] != played["constrain_actions"]:
+        console.print(f"(--policy {policy} decodes unconstrained: the commands are shown, not enforced)")
     console.print(
         "playing as the run's held-out evaluation did (options given override): "
         + ", ".join(f"{name} {value}" for name, value in settings.items())
