@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from agentgym.policies.chat import next_choice_tokens
 from agentgym.trainers.algorithms import token_weights
 from agentgym.trajectory import Trajectory
 
@@ -140,11 +141,11 @@ def allowed_tokens(
         raise ValueError(f"{len(reply_choices)} reply_choices entries for {len(starts)} agent turns")
     allowed: dict[int, list[int]] = {}
     for start, choices in zip(starts, reply_choices, strict=True):
-        live, position = [list(c) for c in choices], start
-        while live and position < len(loss_mask) and loss_mask[position]:
-            offset = position - start
-            allowed[position] = sorted({c[offset] for c in live if len(c) > offset})
-            live = [c for c in live if len(c) > offset and c[offset] == token_ids[position]]
+        position = start
+        while position < len(loss_mask) and loss_mask[position]:
+            if not (tokens := next_choice_tokens(choices, token_ids[start:position])):
+                break  # the reply is complete (or left its choices: nothing to mask by)
+            allowed[position] = tokens
             position += 1
     return allowed
 

@@ -318,7 +318,6 @@ class ContinuousBatcher:
         keep = []
         for i, (row, token, logprob) in enumerate(zip(rows, tokens.tolist(), logprobs.tolist(), strict=True)):
             row.token_ids.append(token)
-            row.keep_choices_after(token)
             row.logprobs.append(logprob)
             row.versions.append(row.logits_version)
             reason = self._finish_reason(row)

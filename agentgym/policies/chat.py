@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentgym.policies.base import GenerationRequest, Message
@@ -42,6 +42,15 @@ def reply_ids(tokenizer: Any, text: str, end_id: int) -> list[int]:
     """``text`` tokenized as a whole assistant reply: its tokens, then ``end_id`` (the
     :func:`end_of_turn_id`, looked up once: the lookup reads the whole vocabulary)."""
     return [*tokenizer.encode(text, add_special_tokens=False), end_id]
+
+
+def next_choice_tokens(choices: Sequence[Sequence[int]], reply: Sequence[int]) -> list[int]:
+    """The tokens a constrained reply may draw after ``reply`` (its tokens so far): the next
+    token of every choice (a whole reply's token ids) that ``reply`` begins, sorted; empty
+    when the reply is complete or left every choice. The one rule the hf sampler, vLLM's
+    logits processor and the learner's mask all follow."""
+    position, reply = len(reply), list(reply)
+    return sorted({c[position] for c in choices if len(c) > position and list(c[:position]) == reply})
 
 
 def choice_ids(tokenizer: Any, request: GenerationRequest, end_id: int) -> list[list[int]] | None:

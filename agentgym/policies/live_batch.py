@@ -15,6 +15,7 @@ import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from agentgym.policies.base import SamplingParams
+from agentgym.policies.chat import next_choice_tokens
 
 
 @dataclass(eq=False)
@@ -35,19 +36,12 @@ class Row:
     """The weights version of every forward that wrote this row's cache, or -1 if they
     differed (then the cache is not reusable)."""
     choices: list[list[int]] | None = None
-    """Constrained rows: the token sequences the reply may still become (each ends with a
-    stop id); None: any reply."""
+    """Constrained rows: the token sequences the reply may become (each ends with a stop
+    id); None: any reply."""
 
     def allowed_next(self) -> list[int] | None:
         """Constrained rows: the tokens that keep the reply on one of its choices."""
-        if self.choices is None:
-            return None
-        return sorted({choice[len(self.token_ids)] for choice in self.choices})
-
-    def keep_choices_after(self, token: int) -> None:
-        if self.choices is not None:
-            position = len(self.token_ids) - 1
-            self.choices = [c for c in self.choices if c[position] == token]
+        return None if self.choices is None else next_choice_tokens(self.choices, self.token_ids)
 
     @property
     def last_position(self) -> int:

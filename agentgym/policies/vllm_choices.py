@@ -23,6 +23,7 @@ from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
+from agentgym.policies.chat import next_choice_tokens
 from agentgym.policies.vllm import CHOICES_ARG
 
 
@@ -54,7 +55,7 @@ class ChoiceLogitsProcessor(LogitsProcessor):
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         for index, (choices, output) in self.rows.items():
-            allowed = next_tokens(choices, output)
+            allowed = next_choice_tokens(choices, output)
             if allowed:
                 kept = logits[index, allowed].clone()
                 logits[index] = float("-inf")
@@ -65,9 +66,3 @@ class ChoiceLogitsProcessor(LogitsProcessor):
 def _choices_of(params: SamplingParams, _prompt: list[int] | None, output: list[int]) -> Any:
     choices = (params.extra_args or {}).get(CHOICES_ARG)
     return (choices, output) if choices else None
-
-
-def next_tokens(choices: list[list[int]], output: list[int]) -> list[int]:
-    """The tokens that extend ``output`` along one of ``choices``, sorted."""
-    position = len(output)
-    return sorted({c[position] for c in choices if len(c) > position and c[:position] == output})
