@@ -19,6 +19,7 @@ from typer.testing import CliRunner, Result
 from agentgym.agents import shown_order
 from agentgym.cli import app
 from agentgym.client import EnvClient
+from agentgym.evaluation import list_tasks
 from agentgym.policies.base import Generation, GenerationRequest, SamplingParams
 from agentgym.policies.expert import ExpertPolicy
 from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
@@ -237,6 +238,9 @@ def test_rl_draws_only_tasks_the_expert_finishes_within_the_horizon(
     assert any(len(t.token_ids) > 600 for t in expert) and any(len(t.token_ids) <= 600 for t in expert)
     expert_turns = {t.task_id: t.turns for t in expert}
     assert min(expert_turns.values()) <= 2 < max(expert_turns.values())  # the demonstrations differ in length
+    train_order = asyncio.run(list_tasks(textworld_url, "train", None))
+    # In task order, not the order the episodes ended in: cloning draws its minibatches from it.
+    assert [t.task_id for t in expert] == [task for task in train_order if task in expert_turns]
     # fits-horizon: the expert plays every train task (RL may draw beyond the 12 cloned).
     assert (len(expert_turns) > 12) == (curriculum == "fits-horizon")
     drawn = [

@@ -94,6 +94,25 @@ def test_a_group_trains_only_once_every_member_ended_or_was_abandoned() -> None:
     assert groups.waiting == 1
 
 
+def test_complete_groups_come_in_one_order_whatever_order_their_members_ended_in() -> None:
+    """Oldest group first, then by task, members by sample: the learner's minibatches are
+    drawn from this list, so a seed must get the same list however the episodes raced."""
+    members = [episode(task, sample, [0]) for task in ("b", "a") for sample in (5, 4, 3, 2, 1, 0)]
+    orders = []
+    for shuffle_seed in range(3):
+        random.Random(shuffle_seed).shuffle(members)
+        groups = PendingGroups(group_size=3)
+        groups.add(members)
+        orders.append([[(t.task_id, t.sample) for t in group] for group in groups.take_complete()])
+    assert orders[0] == [
+        [("a", 0), ("a", 1), ("a", 2)],
+        [("b", 0), ("b", 1), ("b", 2)],
+        [("a", 3), ("a", 4), ("a", 5)],
+        [("b", 3), ("b", 4), ("b", 5)],
+    ]
+    assert orders[1] == orders[0] and orders[2] == orders[0]
+
+
 @pytest.mark.parametrize("ratio", [-0.1, 1.0])
 def test_config_rejects_bad_off_policy_settings(ratio: float) -> None:
     from agentgym.trainers.config import TrainConfig

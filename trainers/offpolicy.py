@@ -135,15 +135,20 @@ class PendingGroups:
         self._abandoned[key] = self._abandoned.get(key, 0) + 1
 
     def take_complete(self) -> list[list[Trajectory]]:
-        """The groups whose members have all ended or been abandoned, oldest first."""
-        complete = [
-            key
-            for key, ended in self._ended.items()
-            if len(ended) + self._abandoned.get(key, 0) >= self.group_size
-        ]
+        """The groups whose members have all ended or been abandoned, oldest first, then by
+        task, each in sample order: not the order episodes ended in, which varies from run to
+        run, so that a seed's minibatches are the same ones every time."""
+        complete = sorted(
+            (
+                key
+                for key, ended in self._ended.items()
+                if len(ended) + self._abandoned.get(key, 0) >= self.group_size
+            ),
+            key=lambda key: (key[1], key[0]),
+        )
         for key in [k for k, n in self._abandoned.items() if n >= self.group_size]:
             del self._abandoned[key]  # every member abandoned: nothing left to train
-        groups = [self._ended.pop(key) for key in complete]
+        groups = [sorted(self._ended.pop(key), key=lambda t: t.sample) for key in complete]
         for key in complete:
             self._abandoned.pop(key, None)
         return groups

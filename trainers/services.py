@@ -108,8 +108,10 @@ class ExpertDemonstrations:
                 specs = [EpisodeSpec(t, split="train") for t in tasks]
                 rollout = rollout_config(config, max_turns=None)
                 episodes = run.complete(run_episodes(run.url, TokenizedExpert(run.tokenizer), specs, rollout))
-                with TrajectoryWriter(path) as writer:
-                    for e in episodes:
+                order = {task: i for i, task in enumerate(tasks)}
+                with TrajectoryWriter(path) as writer:  # in task order, not the order they ended in:
+                    # cloning's minibatches are drawn from this list, so a seed gives the same ones
+                    for e in sorted(episodes, key=lambda e: order[e.task_id]):
                         if e.success and e.token_ids:
                             writer.write(e)
             run.dp.barrier()  # the other ranks read what rank 0 wrote
