@@ -181,6 +181,7 @@ def test_a_run_evaluates_after_behaviour_cloning_and_at_the_end(
     assert "invalid_share" in history[-1] and "eval_invalid_share" in history[-1]
     saved = (tmp_path / heldout.BEFORE_AFTER_FILE).read_text()
     assert '"gain"' in saved and "held-out success after behaviour cloning" in result.output
+    assert f"manifest{tmp_path / 'manifest.json'}" in "".join(result.output.split())  # rich may fold it
     for step in (2, 3):  # the evaluated episodes are kept, one file per evaluation
         kept = read_trajectories(tmp_path / "rollouts" / "eval" / f"step-{step:06d}.jsonl")
         assert sorted(t.task_id for t in kept) == sorted(history[step - 1]["eval_outcomes"])

@@ -109,6 +109,7 @@ def train(
         _launch_data_parallel(nproc, resolved, run_dir, resume)
         return
     from agentgym.trainers.loop import SetupError, Trainer
+    from agentgym.trainers.manifest import MANIFEST_FILE
     from agentgym.trainers.plot import plot_run
 
     started = time.perf_counter()
@@ -119,9 +120,11 @@ def train(
     if rank != 0:
         return
     png = plot_run(run_dir)
+    manifest = run_dir / MANIFEST_FILE  # what the held-out figures came from
     console.print(
         f"done in {time.perf_counter() - started:.0f}s: metrics {run_dir / 'metrics.jsonl'}, "
         f"checkpoints {run_dir / 'checkpoints'}, plot {png}"
+        + (f", manifest {manifest}" if manifest.exists() else "")
     )
 
 
