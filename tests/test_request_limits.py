@@ -156,7 +156,8 @@ def test_a_short_body_is_408_after_the_request_timeout(hasty: str) -> None:
     start = time.monotonic()
     status, body, closed = raw(hasty, head + b'{"split": "test", ')  # 18 of 100 bytes
     assert (status, error_code(body), closed) == (408, "request_timeout", True)
-    assert TIMEOUT_S <= time.monotonic() - start < TIMEOUT_S + 3
+    # asyncio runs a timer up to its clock's resolution early (0.49998 s was seen for 0.5).
+    assert TIMEOUT_S - 0.01 <= time.monotonic() - start < TIMEOUT_S + 3
     assert httpx.get(f"{hasty}/health").json()["sessions"] == 0  # nothing was opened
 
 
