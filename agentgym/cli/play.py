@@ -83,7 +83,8 @@ def _as_the_run_played(model: str | None, policy: str) -> dict[str, Any]:
         return PLAY_DEFAULTS
     if played is None:
         return PLAY_DEFAULTS
-    settings = {key: as_policy_can_play(played, policy)[key] for key in PLAY_DEFAULTS}
+    playable = as_policy_can_play(played, policy)
+    settings = {key: playable[key] for key in PLAY_DEFAULTS}
     if settings["constrain_actions"] != played["constrain_actions"]:
         console.print(f"(--policy {policy} decodes unconstrained: the commands are shown, not enforced)")
     console.print(
