@@ -83,14 +83,17 @@ docker-base:
 docker-check: setup
 	nice -n 19 $(BIN)/python bench/docker_check.py
 
-# The GPU check (docs/gpu.md). gpu-kit, here: the tokenizer to carry to the CUDA machine.
-# gpu-check, there: the bare source tree with the machine's own torch, transformers and peft
-# (no venv, nothing of this project installed); GPU_ARGS=--quick for the short plan.
+# The GPU check (docs/gpu.md). gpu-kit, here: what a bare CUDA machine with torch,
+# transformers, peft and accelerate lacks (the project and its stack as wheels for Python
+# GPU_PYTHON, SmolLM2's tokenizer) into runs/gpu-kit, to carry. gpu-check, there: installs the
+# kit, then the micro-benchmarks, the whole training loop and the CUDA-only tests in one call;
+# GPU_ARGS=--quick for the micro-benchmarks' short plan.
+GPU_PYTHON ?= 3.12
 gpu-kit: setup
-	$(BIN)/python bench/gpu.py --prepare runs/gpu-kit
+	$(BIN)/python bench/gpu_kit.py build runs/gpu-kit --python-version $(GPU_PYTHON)
 
 gpu-check:
-	$(PYTHON) bench/gpu.py --tokenizer runs/gpu-kit --out runs/gpu-check.json $(GPU_ARGS)
+	$(PYTHON) bench/gpu_check.py --kit runs/gpu-kit --out runs/gpu-check $(GPU_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

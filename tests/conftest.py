@@ -241,13 +241,16 @@ def stop_with_ctrl_c(proc: subprocess.Popen, children: list[psutil.Process], out
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, agentgym_cache: str) -> Path:
-    """A model folder any policy or trainer loads: :func:`tiny_llama` with SmolLM2's tokenizer."""
+    """A model folder any policy or trainer loads: :func:`tiny_llama` with SmolLM2's tokenizer
+    (from ``AGENTGYM_TEST_TOKENIZER`` where set: the GPU kit carries the tokenizer, not the
+    model package)."""
     from transformers import AutoTokenizer
 
     from agentgym.policies.models import resolve_model
 
     folder = tmp_path_factory.mktemp("tiny-llama")
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"))
+    source = os.environ.get("AGENTGYM_TEST_TOKENIZER") or resolve_model("smollm2-135m")
+    tokenizer = AutoTokenizer.from_pretrained(source)
     tiny_llama(vocab_size=len(tokenizer)).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from conftest import run_metrics
 
+from agentgym.servers.launcher import free_port
+
 BC_STEPS = 2
 SETTINGS = {
     "bc_steps": BC_STEPS,
@@ -38,22 +40,50 @@ SETTINGS = {
 }
 
 
+def train_arguments(run: Path, model: Path, **overrides: object) -> list[str]:
+    args = ["train", "--algo", "bapo", "--schedule", "fixed", "--env", "choice", "--model", str(model)]
+    return [
+        *args,
+        *(f"--set={key}={value}" for key, value in (SETTINGS | overrides).items()),
+        "--out",
+        str(run),
+    ]
+
+
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
 def train(run: Path, model: Path, nproc: int, **overrides: object) -> list[dict]:
-    args = ["--algo", "bapo", "--schedule", "fixed", "--env", "choice", "--model", str(model)]
-    args += [f"--set={key}={value}" for key, value in (SETTINGS | overrides).items()]
-    command = [sys.executable, "-m", "agentgym.cli", "train", *args, "--out", str(run), "--nproc", str(nproc)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    command = [
+        sys.executable,
+        "-m",
+        "agentgym.cli",
+        *train_arguments(run, model, **overrides),
+        "--nproc",
+        str(nproc),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=ONE_THREAD)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return run_metrics(run)
 
 
-def test_two_processes_give_the_losses_of_one(tiny_model_dir: Path, tmp_path: Path) -> None:
-    single = train(tmp_path / "one", tiny_model_dir, nproc=1)
-    double = train(tmp_path / "two", tiny_model_dir, nproc=2)
-    assert [r["step"] for r in double] == [1, 2, 3]  # 2 BC steps, 1 RL step, logged once each
-    for one, two in zip(single[:BC_STEPS], double[:BC_STEPS], strict=True):
+@pytest.fixture(scope="module")
+def single(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """One process's run: what several processes must reproduce."""
+    return train(tmp_path_factory.mktemp("one") / "run", tiny_model_dir, nproc=1)
+
+
+def assert_same_cloning_losses(single: list[dict], several: list[dict]) -> None:
+    assert [r["step"] for r in several] == [1, 2, 3]  # 2 BC steps, 1 RL step, logged once each
+    for one, two in zip(single[:BC_STEPS], several[:BC_STEPS], strict=True):
         assert two["loss"] == pytest.approx(one["loss"], rel=1e-4), (one, two)
+
+
+def test_two_processes_give_the_losses_of_one(
+    single: list[dict], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    double = train(tmp_path / "two", tiny_model_dir, nproc=2)
+    assert_same_cloning_losses(single, double)
     rl = double[-1]
     assert rl["phase"] == "rl" and rl["episodes"] == SETTINGS["tasks_per_step"] * SETTINGS["group_size"]
     # One minibatch, sampled by the current weights: every ratio is 1, so BAPO searched nothing.
@@ -81,3 +111,41 @@ def test_two_processes_train_async_with_partial_rollouts(tiny_model_dir: Path, t
     assert [r["step"] for r in history] == [1, 2, 3]
     assert [r["fresh_episodes"] for r in history] == [0, 4, 4]  # both ranks' groups, once complete
     assert [r["staleness_max"] for r in history] == [0, 1, 2]  # step 2's groups began at version 0
+
+
+def test_two_nodes_on_loopback_give_the_losses_of_one(
+    single: list[dict], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Two "nodes" as a cluster launches them (docs/training.md): one torchrun each, the
+    same flags and run folder, meeting at a c10d rendezvous; they train as two processes of
+    one machine do."""
+    run = tmp_path / "nodes"
+    endpoint = f"127.0.0.1:{free_port()}"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1"]
+    torchrun += ["--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", "--rdzv-id=two-nodes"]
+    command = [*torchrun, "-m", "agentgym.cli", *train_arguments(run, tiny_model_dir)]
+    nodes = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ONE_THREAD)
+        for _ in range(2)
+    ]
+    outputs = [node.communicate(timeout=600)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    assert_same_cloning_losses(single, run_metrics(run))
+    rollouts = (run / "rollouts" / "step-000003.jsonl").read_text().splitlines()
+    assert len(rollouts) == SETTINGS["tasks_per_step"] * SETTINGS["group_size"]  # both nodes' episodes
+
+
+def test_several_processes_without_a_run_folder_are_refused(tiny_model_dir: Path) -> None:
+    """Each node resolves the run folder itself: the default one is named by the time."""
+    command = [
+        sys.executable,
+        "-m",
+        "agentgym.cli",
+        "train",
+        "--env",
+        "choice",
+        "--model",
+        str(tiny_model_dir),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, env={**ONE_THREAD, "WORLD_SIZE": "2"})
+    assert done.returncode == 2 and "--out" in done.stdout + done.stderr

@@ -143,6 +143,7 @@ class Trainer:
                     record = self.regime.step(step)
                 self._set_version(step)
                 record.update(step_s=round(time.perf_counter() - started, 2), cpu_idle_share=_idle_share(cpu))
+                record |= {"finished_at": round(time.time(), 2)} | _device_peak(self.learner.device)
                 record.setdefault("lr", self.learner.optimizer.param_groups[0]["lr"])
                 if self.dp.main:  # the other ranks go on to the next step and wait for rank 0 there
                     self._finish_step(step, record)
@@ -360,6 +361,16 @@ def _idle_share(since: Any) -> float:
     total = sum(spent.values())
     idle = spent["idle"] + spent.get("iowait", 0.0)
     return round(idle / total, 3) if total > 0 else 0.0
+
+
+def _device_peak(device: torch.device) -> dict[str, float]:
+    """On CUDA: the step's peak memory held by torch's allocator (GiB), then the counter
+    restarts for the next step; nothing elsewhere."""
+    if device.type != "cuda":
+        return {}
+    peak = torch.cuda.max_memory_allocated(device) / 2**30
+    torch.cuda.reset_peak_memory_stats(device)
+    return {"gpu_peak_gib": round(peak, 2)}
 
 
 def _describe(record: dict[str, Any]) -> str:

@@ -70,6 +70,8 @@ def train(
 
     if resume and out is None:
         raise fail("--resume needs --out RUN_DIR", 2)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and out is None:  # started by torchrun on several nodes
+        raise fail("several processes need one run folder: --out RUN_DIR, on a filesystem every node sees", 2)
     try:
         overrides = parse_settings(settings) | _reporters(report_to)
         layers = ConfigLayers(
@@ -110,7 +112,6 @@ def train(
         return
     from agentgym.trainers.loop import SetupError, Trainer
     from agentgym.trainers.manifest import MANIFEST_FILE
-    from agentgym.trainers.plot import plot_run
 
     started = time.perf_counter()
     try:
@@ -119,13 +120,23 @@ def train(
         raise fail(str(exc), 2) from None
     if rank != 0:
         return
-    png = plot_run(run_dir)
     manifest = run_dir / MANIFEST_FILE  # what the held-out figures came from
     console.print(
         f"done in {time.perf_counter() - started:.0f}s: metrics {run_dir / 'metrics.jsonl'}, "
-        f"checkpoints {run_dir / 'checkpoints'}, plot {png}"
+        f"checkpoints {run_dir / 'checkpoints'}, {_plot(run_dir)}"
         + (f", manifest {manifest}" if manifest.exists() else "")
     )
+
+
+def _plot(run_dir: Path) -> str:
+    """Draw the run's curves; a machine without matplotlib (the ``train`` extra) still ends
+    the run cleanly, with the command that draws them later."""
+    from agentgym.trainers.plot import plot_run
+
+    try:
+        return f"plot {plot_run(run_dir)}"
+    except ModuleNotFoundError as exc:
+        return f"no plot ({exc.name} is not installed; then: agentgym plot {run_dir})"
 
 
 def _launch_data_parallel(nproc: int, config: TrainConfig, run_dir: Path, resume: bool) -> None:
