@@ -26,6 +26,7 @@ import asyncio
 import json
 import math
 import platform
+import random
 import subprocess
 import tempfile
 import time
@@ -74,6 +75,12 @@ PLANS = {
 }
 """shapes, update sequence lengths, generated tokens per reply."""
 MATCH_SHAPE = {"full": "smollm2-135m", "quick": "smollm2-135m", "tiny": "tiny"}
+PACKING = {"full": ("qwen3-0.6b", 16384, 512, 2048), "quick": ("qwen3-0.6b", 16384, 512, 2048)}
+PACKING["tiny"] = ("tiny", 512, 16, 64)
+"""The multi-turn shape: (model, tokens in all and a packed row's capacity, shortest and
+longest episode)."""
+PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12}
+"""Dense bf16 peak of the SXM cards (NVIDIA's datasheets; the figure prime-rl's MFU uses)."""
 
 
 def main() -> None:
@@ -88,9 +95,8 @@ def main() -> None:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("no CUDA device here: run with --device cpu --tiny for the smoke test")
     plan = "tiny" if args.tiny else "quick" if args.quick else "full"
-    report = run(plan, torch.device(args.device), tokenizer(args.tokenizer), args.tolerance)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
+    report = run(plan, torch.device(args.device), tokenizer(args.tokenizer), args.tolerance, args.out)
     print_table(report)
     print(f"wrote {args.out}")
     if not all(m["match"] for m in report["match"]) or not report["checkpoint_round_trip"]:
@@ -107,7 +113,9 @@ def tokenizer(folder: str | None = None) -> Any:
     return AutoTokenizer.from_pretrained(folder)
 
 
-def run(plan: str, device: torch.device, tok: Any, tolerance: float) -> dict[str, Any]:
+def run(plan: str, device: torch.device, tok: Any, tolerance: float, out: Path) -> dict[str, Any]:
+    """Every shape's figures, written to ``out`` as each shape ends (a run stopped by a
+    time limit keeps what it measured)."""
     shapes, lengths, new_tokens = PLANS[plan]
     started = time.perf_counter()
     report: dict[str, Any] = {"machine": machine(device), "plan": plan, "rows": [], "match": []}
@@ -116,11 +124,14 @@ def run(plan: str, device: torch.device, tok: Any, tolerance: float) -> dict[str
             folder = model_folder(Path(scratch) / shape, shape, tok, device)
             report["rows"] += shape_figures(shape, folder, device, lengths, new_tokens)
             report["attention"] = attention_kernel(folder, device)
+            if shape == PACKING[plan][0]:
+                report["rows"] += packing_figures(folder, device, *PACKING[plan][1:])
             if shape == MATCH_SHAPE[plan]:
                 report["match"] = [update_match(folder, algo, device, tolerance) for algo in ("bapo", "grpo")]
                 report["checkpoint_round_trip"] = checkpoint_round_trip(folder, device, Path(scratch))
-            print(f"{shape}: done at {time.perf_counter() - started:.0f} s", flush=True)
-    report["wall_s"] = round(time.perf_counter() - started, 1)
+            report["wall_s"] = round(time.perf_counter() - started, 1)
+            out.write_text(json.dumps(report, indent=1))
+            print(f"{shape}: done at {report['wall_s']:.0f} s", flush=True)
     return report
 
 
@@ -213,6 +224,7 @@ def shape_figures(
                 {"shape": shape, "lora": lora, "dtype": str(dtype).removeprefix("torch."), "tokens": length}
             )
             rows[-1] |= update_speed(config, learner, length, device)
+            rows[-1]["mfu_pct"] = mfu(learner.model.config, rows[-1]["update_tokens_s"], length, device)
         if lora:  # generation does not depend on what is trained
             rows[-1]["generation_tokens_s"] = generation_speed(policy, new_tokens, device)
         asyncio.run(policy.close())
@@ -237,6 +249,91 @@ def update_speed(config: TrainConfig, learner: Learner, length: int, device: tor
         _free(device)
         return {"update_tokens_s": None, "peak_gib": None, "oom": True}
     return {"update_tokens_s": round(length / seconds), "peak_gib": _peak_gib(device), "oom": False}
+
+
+def packing_figures(
+    folder: Path, device: torch.device, total: int, low: int, high: int
+) -> list[dict[str, Any]]:
+    """Many episodes of ``low``-``high`` tokens, about ``total`` in all (a multiple of 4, the
+    rest seeded), in one minibatch: updated in the trainer's default micro-batches of 4
+    right-padded episodes, and packed into rows of ``total`` tokens (``pack_tokens``); LoRA
+    and every weight trained. MFU's attention term takes the mean episode length."""
+    rng = random.Random(0)
+    lengths = []
+    while sum(lengths) + high <= total:
+        lengths.append(rng.randint(low, high))
+    lengths = lengths[: len(lengths) // 4 * 4]
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    rows = []
+    for lora in (True, False):
+        policy = HFPolicy(str(folder), device=str(device), dtype=dtype)
+        layouts = {"padded x4": None, f"packed {total}": total}
+        sizes = {"micro_batch_size": 4, "minibatch_size": len(lengths), "bf16": dtype == torch.bfloat16}
+        configs = {
+            layout: train_config(folder, "grpo", lora, pack_tokens=capacity, **sizes)
+            for layout, capacity in layouts.items()
+        }
+        learner = Learner(next(iter(configs.values())), policy, DataParallel())
+        vocab = learner.model.config.vocab_size
+        records = [sequences(1, n, vocab, seed=i)[0] for i, n in enumerate(lengths)]
+        for layout, config in configs.items():
+            learner.config = config  # what micro-batches read; the adapters stay
+            row = {
+                "shape": folder.name,
+                "lora": lora,
+                "dtype": str(dtype).removeprefix("torch."),
+                "layout": layout,
+            }
+            row |= {"tokens": sum(lengths), "episodes": len(lengths)}
+            row |= minibatch_speed(config, learner, records, device)
+            row["mfu_pct"] = mfu(
+                learner.model.config, row["update_tokens_s"], sum(lengths) / len(lengths), device
+            )
+            rows.append(row)
+        asyncio.run(policy.close())
+        del learner, policy
+        _free(device)
+    return rows
+
+
+def minibatch_speed(
+    config: TrainConfig, learner: Learner, records: list[dict[str, Any]], device: torch.device
+) -> dict[str, Any]:
+    """Tokens/s of one clipped update on the minibatch ``records`` (median of ``REPEATS``
+    after a warm-up), peak device memory; ``oom`` where it did not fit."""
+    batch = collate(records, [1.0] * len(records), pad_id=0)
+    trainer = one_step_trainer(config, learner)
+    try:
+        with torch.no_grad():  # behaviour log-probs: the current weights', episode by episode
+            for row, record in enumerate(records):
+                own = learner.logprobs(collate([record], [1.0], pad_id=0))[0][0].cpu()
+                batch.old_logp[row, : own.numel()] = own * batch.loss_mask[row, : own.numel()]
+        update_policy(trainer, batch, kl_coef=0.0)
+        _reset_peak(device)
+        seconds = median_seconds(lambda: update_policy(trainer, batch, kl_coef=0.0), device)
+    except torch.OutOfMemoryError:
+        _free(device)
+        return {"update_tokens_s": None, "peak_gib": None, "oom": True}
+    tokens = int(batch.attention_mask.sum())
+    return {"update_tokens_s": round(tokens / seconds), "peak_gib": _peak_gib(device), "oom": False}
+
+
+def mfu(config: Any, tokens_s: float | None, length: float, device: torch.device) -> float | None:
+    """Model FLOPs utilisation, %, by prime-rl's formula (``src/prime_rl/trainer/perf.py``):
+    per token 6 × the matmul weights (attention projections, MLP, output layer) plus
+    12 · layers · heads · (hidden / heads) · length for attention, as for full fine-tuning;
+    against the card's dense bf16 peak. None off the cards named in ``PEAK_BF16_FLOPS``."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+    peak = next((flops for card, flops in PEAK_BF16_FLOPS.items() if card in name), None)
+    if peak is None or not tokens_s:
+        return None
+    hidden, layers, heads = config.hidden_size, config.num_hidden_layers, config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    kv = config.num_key_value_heads * head_dim
+    per_layer = hidden * heads * head_dim * 2 + hidden * kv * 2 + 3 * hidden * config.intermediate_size
+    matmul = layers * per_layer + config.vocab_size * hidden
+    per_token = 6 * matmul + 12 * layers * hidden * length
+    return round(100 * tokens_s * per_token / peak, 1)
 
 
 REPEATS = 3
@@ -362,13 +459,15 @@ def print_table(report: dict[str, Any]) -> None:
     facts = report["machine"]
     print(", ".join(f"{k} {v}" for k, v in facts.items()), f"| attention: {report.get('attention')}")
     print(
-        f"{'shape':14} {'trained':8} {'dtype':9} {'tokens':>7} {'update tok/s':>13} {'peak GiB':>9} {'gen tok/s':>10}"
+        f"{'shape':14} {'trained':8} {'dtype':9} {'layout':14} {'tokens':>7} {'update tok/s':>13} "
+        f"{'MFU %':>6} {'peak GiB':>9} {'gen tok/s':>10}"
     )
     for row in report["rows"]:
         update = "OOM" if row["oom"] else row["update_tokens_s"]
         print(
-            f"{row['shape']:14} {'LoRA' if row['lora'] else 'all':8} {row['dtype']:9} {row['tokens']:>7} "
-            f"{update!s:>13} {row['peak_gib']!s:>9} {row.get('generation_tokens_s', ''):>10}"
+            f"{row['shape']:14} {'LoRA' if row['lora'] else 'all':8} {row['dtype']:9} "
+            f"{row.get('layout', 'one sequence'):14} {row['tokens']:>7} {update!s:>13} {row['mfu_pct']!s:>6} "
+            f"{row['peak_gib']!s:>9} {row.get('generation_tokens_s', ''):>10}"
         )
     for match in report["match"]:
         print(

@@ -275,6 +275,37 @@ def test_leaving_out_zero_advantage_episodes_keeps_the_gradient_exact(tiny_model
     assert grads[0].abs().sum() > 0 and torch.allclose(grads[0], grads[1], atol=1e-7)
 
 
+def test_packed_episodes_give_the_log_probs_loss_and_gradient_of_padded_ones(tiny_model_dir: Path) -> None:
+    """Episodes end to end in one row, positions restarting per episode, attention kept
+    within each: the same per-token log-probs, minibatch loss and gradient as right-padded
+    micro-batches (float32 on CPU, within 1e-5)."""
+    records, _ = uneven_minibatch()
+    multi_turn = {"token_ids": list(range(30, 52)), "loss_mask": [0] * 4 + [1] * 5 + [0] * 6 + [1] * 7}
+    records = [*records, {**multi_turn, "logprobs": []}]
+    advantages = [1.0, 0.0, -1.0, 0.5, 0.5, -0.25, 0.0, -0.5, 1.0]
+    figures = []
+    for pack_tokens in (None, 50):
+        learner = learner_for(tiny_model_dir, lora=False, pack_tokens=pack_tokens)
+        batch = collate(records, advantages, pad_id=0).weighted("token-mean")
+
+        def surrogate(micro, learner=learner):
+            logp = learner.logprobs(micro)[0]
+            return clipped_surrogate(logp, logp.detach() - 0.1, micro.advantages, clip_low=0.8, clip_high=1.2)
+
+        rows = len(learner.micro_batches(batch))
+        loss = learner.optimize(batch, surrogate)
+        figures.append((rows, loss, torch.cat([p.grad.flatten() for p in learner.trainable])))
+    (padded_rows, loss, grads), (packed_rows, packed_loss, packed_grads) = figures
+    assert (padded_rows, packed_rows) == (5, 3)  # pairs of episodes | 23+23, 23+23, 22+5+5+5+5
+    assert packed_loss == pytest.approx(loss, rel=1e-5)
+    assert grads.abs().sum() > 0 and torch.allclose(packed_grads, grads, rtol=1e-4, atol=1e-6)
+    with torch.no_grad():  # and token by token: one row of all nine against nine padded rows
+        logp = learner.logprobs(batch)[0]
+        packed = learner.logprobs(batch.packed())[0][0]
+    lengths = batch.attention_mask.sum(-1).long()
+    assert torch.allclose(packed, torch.cat([logp[i, :n] for i, n in enumerate(lengths)]), atol=1e-5)
+
+
 def test_an_on_policy_minibatch_skips_the_prepass_forward_with_the_same_bounds(tiny_model_dir: Path) -> None:
     records, _ = uneven_minibatch()
     learner = learner_for(tiny_model_dir)

@@ -37,12 +37,17 @@ class TokenBatch:
     allowed: Tensor
     """[B, T, K] the token ids a constrained reply could have drawn at each agent token,
     padded with -1; all -1 where the token was drawn from the whole vocabulary."""
+    position_ids: Tensor | None = None
+    """[B, T] each token's position in its own episode where rows pack several episodes
+    (:meth:`packed`); None: one episode a row, positions from the attention mask."""
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
     def _map(self, change: Any) -> TokenBatch:
-        return TokenBatch(*(change(getattr(self, f.name)) for f in fields(self)))
+        return TokenBatch(
+            *(None if (t := getattr(self, f.name)) is None else change(t) for f in fields(self))
+        )
 
     def select(self, index: slice | Tensor) -> TokenBatch:
         return self._map(lambda t: t[index])
@@ -52,6 +57,16 @@ class TokenBatch:
         episodes must not pay for the longest episode of the whole minibatch)."""
         length = int(self.attention_mask.sum(-1).max())
         return self._map(lambda t: t[:, :length])
+
+    def packed(self) -> TokenBatch:
+        """This batch's episodes end to end in one row without padding, each with positions
+        from 0. Given ``position_ids`` and no attention mask, transformers keeps each token's
+        attention within its own episode (a block-diagonal causal mask), so every per-token
+        figure is the unpacked one. An episode's first token is a prompt token, never scored:
+        the hidden state before it belongs to the previous episode."""
+        lengths = [int(n) for n in self.attention_mask.sum(-1)]
+        row = self._map(lambda t: torch.cat([t[i, :n] for i, n in enumerate(lengths)])[None])
+        return replace(row, position_ids=torch.cat([torch.arange(n) for n in lengths])[None])
 
     def by_length(self) -> Tensor:
         """Row indices from shortest to longest, so micro-batches group similar lengths."""
@@ -170,6 +185,7 @@ def token_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     allowed: Tensor | None = None,
+    position_ids: Tensor | None = None,
 ) -> TokenScores:
     """Per-token ``log π(x_t | x_<t)`` at ``temperature`` (and π's entropy there), aligned
     with ``input_ids``; 0 where not computed.
@@ -185,13 +201,17 @@ def token_logprobs(
     ``positions`` ([B, T], e.g. the loss mask) limits the work to those tokens: the output
     layer and the softmax over the vocabulary (49k entries for SmolLM2, the largest tensor
     of a step) then run on agent tokens only, not on the whole prompt.
+
+    ``position_ids`` ([B, T]): rows that pack several episodes (:meth:`TokenBatch.packed`);
+    the model then gets no attention mask and keeps attention within each episode.
     """
     if positions is None:
         positions = attention_mask.clone()
         positions[:, 0] = 0
-    out = model(
-        input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, logits_to_keep=1
-    )
+    where = {"attention_mask": attention_mask} if position_ids is None else {"position_ids": position_ids}
+    # No KV cache: scoring never decodes, and transformers reads packed rows from
+    # position_ids only when the forward has no cache.
+    out = model(input_ids=input_ids, **where, use_cache=False, output_hidden_states=True, logits_to_keep=1)
     wanted = positions[:, 1:].bool()  # token t is predicted by the hidden state at t-1
     hidden = out.hidden_states[-1][:, :-1][wanted]  # the final (normed) layer, as lm_head sees it
     logits = model.get_output_embeddings()(hidden).float()

@@ -211,6 +211,10 @@ class TrainConfig:
     """Episodes per optimizer step."""
     micro_batch_size: int = 4
     """Episodes per forward/backward; gradients accumulate up to ``minibatch_size``."""
+    pack_tokens: int | None = None
+    """Pack episodes end to end into rows of at most this many tokens, one row a
+    forward/backward (attention kept within each episode), instead of ``micro_batch_size``
+    padded rows. None: no packing."""
     advantage: str | None = None
     """Advantage estimator (``ADVANTAGE_ESTIMATORS``). None: the algorithm's."""
     clip_rule: str | None = None

@@ -60,6 +60,8 @@ def config_problems(config: Any) -> list[str]:
             problems.append(f"{name} must be at least 1")
     problems += _off_policy_problems(config)
     problems += _regime_problems(config)
+    if config.pack_tokens is not None and config.pack_tokens < 2:
+        problems.append("pack_tokens must be at least 2 (or null: no packing)")
     if config.minibatch_size % config.micro_batch_size:
         problems.append("minibatch_size must be a multiple of micro_batch_size")
     return problems

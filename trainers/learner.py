@@ -68,6 +68,7 @@ class Learner:
             temperature=self.config.temperature if temperature is None else temperature,
             with_entropy=with_entropy,
             allowed=batch.allowed,
+            position_ids=batch.position_ids,
         )
 
     def reference_logprobs(self, micro: TokenBatch) -> Tensor:
@@ -85,7 +86,7 @@ class Learner:
         parts: list[tuple[Tensor, ...]] = []
         with torch.no_grad():
             for index in self.dp.shard(self.micro_batches(minibatch)):
-                micro = minibatch.select(index).trimmed().to(self.device)
+                micro = self.micro_batch(minibatch, index)
                 agent = micro.loss_mask.bool()
                 logp = micro.old_logp if on_policy else self.logprobs(micro)[0]
                 parts.append((logp[agent], micro.old_logp[agent], micro.advantages[agent]))
@@ -96,7 +97,18 @@ class Learner:
         return Prepass(logp, old, advantages, torch.ones_like(logp), self.dp.sum)
 
     def micro_batches(self, minibatch: TokenBatch) -> tuple[Tensor, ...]:
-        return minibatch.by_length().split(self.config.micro_batch_size)
+        """Row indices of each micro-batch: ``micro_batch_size`` episodes of similar length,
+        or with ``pack_tokens`` the episodes that fill one packed row (:func:`pack`)."""
+        order = minibatch.by_length()
+        if self.config.pack_tokens:
+            return pack(order, minibatch.attention_mask.sum(-1).long(), self.config.pack_tokens)
+        return order.split(self.config.micro_batch_size)
+
+    def micro_batch(self, minibatch: TokenBatch, index: Tensor) -> TokenBatch:
+        """The micro-batch of rows ``index`` on the model's device: packed into one row, or
+        right-padded rows trimmed to the longest."""
+        rows = minibatch.select(index)
+        return (rows.packed() if self.config.pack_tokens else rows.trimmed()).to(self.device)
 
     # ----- the optimizer step ----------------------------------------------------------
 
@@ -109,7 +121,7 @@ class Learner:
             self.optimizer.zero_grad(set_to_none=True)
             total = torch.zeros((), device=self.device)
             for index in self.dp.shard(self.micro_batches(minibatch)):
-                micro = minibatch.select(index).trimmed().to(self.device)
+                micro = self.micro_batch(minibatch, index)
                 loss = (per_token_loss(micro) * micro.token_weight).sum()
                 loss.backward()
                 total += loss.detach()
@@ -161,3 +173,21 @@ def swapped_weights(parameters: Sequence[torch.nn.Parameter], values: Sequence[T
     finally:
         for parameter, data in zip(parameters, current, strict=True):
             parameter.data = data
+
+
+def pack(order: Tensor, lengths: Tensor, capacity: int) -> tuple[Tensor, ...]:
+    """``order``'s rows in packs of at most ``capacity`` tokens, longest first, each into
+    the first pack with room (first-fit decreasing; a longer episode makes a pack alone).
+    Deterministic: every rank forms the same packs."""
+    packs: list[list[int]] = []
+    room: list[int] = []
+    for row in reversed(order.tolist()):
+        n = int(lengths[row])
+        fits = next((i for i, free in enumerate(room) if free >= n), None)
+        if fits is None:
+            packs.append([row])
+            room.append(capacity - n)
+        else:
+            packs[fits].append(row)
+            room[fits] -= n
+    return tuple(torch.tensor(rows) for rows in packs)
