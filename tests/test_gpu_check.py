@@ -46,13 +46,13 @@ def test_the_device_plan_runs_from_the_kit_in_the_bare_venv(twin: tuple[Path, Pa
     # From the repository root with a relative kit path, as on the device (the loop's CLI
     # processes run from their work folder: the kit must be found from there too).
     command = [python, "bench/gpu_check.py", "--kit", os.path.relpath(kit, ROOT), "--out", str(out)]
-    command += ["--work", str(work), "--device", "cpu", "--tiny"]
+    command += ["--work", str(work), "--device", "cpu", "--tiny", "--phases", "micro,loop"]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=420)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
 
     phases = json.loads((out / "gpu-check.json").read_text())["phases"]
-    assert list(phases) == ["micro", "loop", "tests"] and all(p["exit"] == 0 for p in phases.values())
+    assert list(phases) == ["micro", "loop"] and all(p["exit"] == 0 for p in phases.values())
     installed = (kit / f"site-{sys.version_info.major}.{sys.version_info.minor}" / ".installed").read_text()
     assert "agentgym_platform" in installed and "pydantic" in installed
 
@@ -68,4 +68,18 @@ def test_the_device_plan_runs_from_the_kit_in_the_bare_venv(twin: tuple[Path, Pa
     assert rl["episodes_per_min"] > 0 and rl["generated_tokens_s"] > 0 and rl["update_tokens_s"] > 0
     shares = [rl[f"{part}_share"] for part in ("generation", "env", "update", "other")]
     assert rl["generation_share"] > 0 and sum(shares) == pytest.approx(1.0, abs=0.01)
-    assert "1 skipped" in done.stdout  # the CUDA-only test, collected with the kit's pytest
+
+
+def test_the_kit_brings_the_test_runner_the_suite_settings_need(twin: tuple[Path, Path]) -> None:
+    """The device's third phase runs pytest from the kit: pytest and the plugins of the
+    suite's settings (asyncio_mode, timeout) and of `make test` (-n) load in the bare venv
+    (the phase itself, whose conftest imports the project, ran on the GPU)."""
+    python, kit = twin
+    install = [python, str(ROOT / "bench" / "gpu_kit.py"), "install", str(kit)]  # once: then it is there
+    subprocess.run(install, check=True, capture_output=True)
+    site = kit / f"site-{sys.version_info.major}.{sys.version_info.minor}"
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    versions = [python, "-P", "-m", "pytest", "-VV", "--noconftest", "-p", "no:cacheprovider"]
+    done = subprocess.run(versions, capture_output=True, text=True, env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert all(plugin in done.stdout + done.stderr for plugin in ("asyncio", "timeout", "xdist"))
