@@ -3,6 +3,7 @@ on a CUDA device, with figures.
 
     python3 bench/gpu.py --tokenizer runs/gpu-kit/tokenizer [--quick]  # on the CUDA machine (bench/gpu_check.py)
     python bench/gpu.py --device cpu --tiny                           # the smoke test (seconds)
+    python bench/gpu.py --device cpu --cpu-plan --dtype bfloat16      # SmolLM2 on this CPU, bf16 vs the default fp32
 
 It needs the project installed: on a bare CUDA machine, from the GPU kit
 (``bench/gpu_kit.py``, which ``bench/gpu_check.py`` installs). No weights are downloaded:
@@ -72,11 +73,13 @@ PLANS = {
     "full": (["smollm2-135m", "qwen2.5-0.5b", "qwen3-0.6b"], [1024, 4096, 16384], 128),
     "quick": (["smollm2-135m", "qwen3-0.6b"], [2048, 16384], 64),
     "tiny": (["tiny"], [64, 256], 16),
+    "cpu": (["smollm2-135m"], [1024], 32),
 }
 """shapes, update sequence lengths, generated tokens per reply."""
-MATCH_SHAPE = {"full": "smollm2-135m", "quick": "smollm2-135m", "tiny": "tiny"}
+MATCH_SHAPE = {"full": "smollm2-135m", "quick": "smollm2-135m", "tiny": "tiny", "cpu": "smollm2-135m"}
 PACKING = {"full": ("qwen3-0.6b", 16384, 512, 2048), "quick": ("qwen3-0.6b", 16384, 512, 2048)}
 PACKING["tiny"] = ("tiny", 512, 16, 64)
+PACKING["cpu"] = ("smollm2-135m", 4096, 512, 1024)
 """The multi-turn shape: (model, tokens in all and a packed row's capacity, shortest and
 longest episode)."""
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12}
@@ -89,14 +92,28 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--quick", action="store_true", help="two shapes, two lengths (about half the time)")
     parser.add_argument("--tiny", action="store_true", help="a toy shape: the CI smoke test")
+    parser.add_argument(
+        "--cpu-plan", action="store_true", help="SmolLM2 at the default run's sizes, for a CPU"
+    )
+    parser.add_argument(
+        "--dtype", help="the updates' and generation's: bfloat16 or float32 (default: bf16 on CUDA)"
+    )
     parser.add_argument("--tolerance", type=float, default=1e-3, help="relative, device vs CPU")
     parser.add_argument("--out", type=Path, default=Path("runs/gpu-check.json"))
     args = parser.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("no CUDA device here: run with --device cpu --tiny for the smoke test")
-    plan = "tiny" if args.tiny else "quick" if args.quick else "full"
+    plan = "tiny" if args.tiny else "quick" if args.quick else "cpu" if args.cpu_plan else "full"
+    device = torch.device(args.device)
+    dtype = (
+        getattr(torch, args.dtype)
+        if args.dtype
+        else torch.bfloat16
+        if device.type == "cuda"
+        else torch.float32
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    report = run(plan, torch.device(args.device), tokenizer(args.tokenizer), args.tolerance, args.out)
+    report = run(plan, device, dtype, tokenizer(args.tokenizer), args.tolerance, args.out)
     print_table(report)
     print(f"wrote {args.out}")
     if not all(m["match"] for m in report["match"]) or not report["checkpoint_round_trip"]:
@@ -113,7 +130,9 @@ def tokenizer(folder: str | None = None) -> Any:
     return AutoTokenizer.from_pretrained(folder)
 
 
-def run(plan: str, device: torch.device, tok: Any, tolerance: float, out: Path) -> dict[str, Any]:
+def run(
+    plan: str, device: torch.device, dtype: torch.dtype, tok: Any, tolerance: float, out: Path
+) -> dict[str, Any]:
     """Every shape's figures, written to ``out`` as each shape ends (a run stopped by a
     time limit keeps what it measured)."""
     shapes, lengths, new_tokens = PLANS[plan]
@@ -122,10 +141,10 @@ def run(plan: str, device: torch.device, tok: Any, tolerance: float, out: Path) 
     with tempfile.TemporaryDirectory() as scratch:
         for shape in shapes:
             folder = model_folder(Path(scratch) / shape, shape, tok, device)
-            report["rows"] += shape_figures(shape, folder, device, lengths, new_tokens)
+            report["rows"] += shape_figures(shape, folder, device, dtype, lengths, new_tokens)
             report["attention"] = attention_kernel(folder, device)
             if shape == PACKING[plan][0]:
-                report["rows"] += packing_figures(folder, device, *PACKING[plan][1:])
+                report["rows"] += packing_figures(folder, device, dtype, *PACKING[plan][1:])
             if shape == MATCH_SHAPE[plan]:
                 report["match"] = [update_match(folder, algo, device, tolerance) for algo in ("bapo", "grpo")]
                 report["checkpoint_round_trip"] = checkpoint_round_trip(folder, device, Path(scratch))
@@ -211,9 +230,8 @@ def sequences(count: int, length: int, vocab: int, seed: int = 0) -> list[dict[s
 
 
 def shape_figures(
-    shape: str, folder: Path, device: torch.device, lengths: list[int], new_tokens: int
+    shape: str, folder: Path, device: torch.device, dtype: torch.dtype, lengths: list[int], new_tokens: int
 ) -> list[dict[str, Any]]:
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     rows = []
     for lora in (True, False):
         policy = HFPolicy(str(folder), device=str(device), dtype=dtype)
@@ -252,7 +270,7 @@ def update_speed(config: TrainConfig, learner: Learner, length: int, device: tor
 
 
 def packing_figures(
-    folder: Path, device: torch.device, total: int, low: int, high: int
+    folder: Path, device: torch.device, dtype: torch.dtype, total: int, low: int, high: int
 ) -> list[dict[str, Any]]:
     """Many episodes of ``low``-``high`` tokens, about ``total`` in all (a multiple of 4, the
     rest seeded), in one minibatch: updated in the trainer's default micro-batches of 4
@@ -263,7 +281,6 @@ def packing_figures(
     while sum(lengths) + high <= total:
         lengths.append(rng.randint(low, high))
     lengths = lengths[: len(lengths) // 4 * 4]
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     rows = []
     for lora in (True, False):
         policy = HFPolicy(str(folder), device=str(device), dtype=dtype)
