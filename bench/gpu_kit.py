@@ -37,9 +37,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = ("torch", "transformers", "peft", "accelerate")
-"""What a lent GPU machine brings. What those need differs between releases (here
-transformers needs typer, hence pydantic and rich; there, none of those is installed), so
-the kit assumes only ``BEDROCK`` and carries the rest: ``install`` skips what the host has."""
+"""What a lent GPU machine brings. What those need differs between releases and images
+(here transformers needs typer, hence pydantic; the lent H200's image had typer but not
+pydantic), so the kit assumes only ``BEDROCK`` and carries the rest: ``install`` skips what
+the host has in the same or a newer release."""
 BEDROCK = ("torch", "numpy")
 """What any machine with torch and transformers has, with everything these need."""
 ENV = "babyai"
