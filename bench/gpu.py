@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from agentgym.policies.base import GenerationRequest, SamplingParams
-from agentgym.policies.hf import HFPolicy
+from agentgym.policies.hf import HFPolicy, resolve_dtype
 from agentgym.run_folder import RunDir
 from agentgym.trainers.batch import collate
 from agentgym.trainers.config import TrainConfig
@@ -105,13 +105,7 @@ def main() -> None:
         raise SystemExit("no CUDA device here: run with --device cpu --tiny for the smoke test")
     plan = "tiny" if args.tiny else "quick" if args.quick else "cpu" if args.cpu_plan else "full"
     device = torch.device(args.device)
-    dtype = (
-        getattr(torch, args.dtype)
-        if args.dtype
-        else torch.bfloat16
-        if device.type == "cuda"
-        else torch.float32
-    )
+    dtype = resolve_dtype(args.dtype, device)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     report = run(plan, device, dtype, tokenizer(args.tokenizer), args.tolerance, args.out)
     print_table(report)

@@ -50,19 +50,17 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x8
 """Linux x86-64 wheels for glibc 2.17 to 2.28: what any current CUDA image can load."""
 
 
-def canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 # ----- build (here) --------------------------------------------------------------------------
 
 
 def project_requirements(env: str = ENV) -> list[str]:
     """The requirement strings the kit serves, read from pyproject.toml: the core
     dependencies, ``env``'s extra and the test runner (the ``dev`` extra's pytest*)."""
+    from packaging.requirements import Requirement
+
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    runner = [r for r in extras["dev"] if canonical(r).startswith("pytest")]
+    runner = [r for r in extras["dev"] if Requirement(r).name.startswith("pytest")]
     return [*project["dependencies"], *extras[env], *runner]
 
 
@@ -70,6 +68,7 @@ def closure(requirements: list[str], python_version: str) -> dict[str, str]:
     """``{distribution: installed version}`` of ``requirements`` and everything they need,
     as installed here, with markers evaluated for Linux x86-64 and ``python_version``."""
     from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
 
     environment = {"python_version": python_version, "python_full_version": f"{python_version}.0"}
     environment |= {"sys_platform": "linux", "platform_machine": "x86_64", "platform_system": "Linux"}
@@ -80,7 +79,7 @@ def closure(requirements: list[str], python_version: str) -> dict[str, str]:
         requirement, extra = queue.pop()
         if requirement.marker and not requirement.marker.evaluate(environment | {"extra": extra}):
             continue
-        name = canonical(requirement.name)
+        name = canonicalize_name(requirement.name)
         dist = importlib.metadata.distribution(name)
         found[name] = dist.version
         for wanted in {"", *requirement.extras} - {e for n, e in expanded if n == name}:

@@ -32,6 +32,7 @@ import torch
 from gpu import machine, model_folder, tokenizer
 
 from agentgym.evaluation import RESULTS_FILE
+from agentgym.run_folder import MetricsLog
 from agentgym.servers.launcher import start_server_process, wait_healthy
 
 ENV = "babyai"
@@ -194,7 +195,7 @@ def step_rows(metrics: Path, samples: list[tuple[float, float, float]]) -> list[
     if not metrics.exists():
         return []
     rows = []
-    for record in map(json.loads, metrics.read_text().splitlines()):
+    for record in MetricsLog(metrics).read():
         if "step_s" not in record:
             continue
         row = {"step": record["step"], "phase": record["phase"], "step_s": record["step_s"]}
@@ -210,13 +211,16 @@ def step_rows(metrics: Path, samples: list[tuple[float, float, float]]) -> list[
 
 def _time_shares(record: dict[str, Any]) -> dict[str, float]:
     """The step's wall time split: rollout wall time (``wait_s``) between generation and the
-    env in the ratio of their per-episode sums, the update, and the rest (bookkeeping)."""
+    env in the ratio of their per-episode sums, the update, and the rest (bookkeeping). The
+    times are logged rounded to 10 ms each, so in a sub-second step the parts can add up to
+    more than the whole: then they are the whole, and the rest is 0."""
     wall, rollout, update = record["step_s"], record.get("wait_s", 0.0), record.get("update_s", 0.0)
     generation, env = record.get("generation_s_sum", 0.0), record.get("env_s_sum", 0.0)
     split = generation / (generation + env) if generation + env else 0.0
     shares = {"generation": rollout * split, "env": rollout * (1 - split), "update": update}
-    shares["other"] = max(wall - sum(shares.values()), 0.0)
-    return {f"{name}_share": round(value / wall, 3) if wall else 0.0 for name, value in shares.items()}
+    whole = max(wall, sum(shares.values()))
+    shares["other"] = whole - sum(shares.values())
+    return {f"{name}_share": round(value / whole, 3) if whole else 0.0 for name, value in shares.items()}
 
 
 def _rates(record: dict[str, Any]) -> dict[str, float | None]:

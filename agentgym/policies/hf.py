@@ -51,7 +51,7 @@ class HFPolicy:
     ) -> None:
         self.name = name or model
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        loaded = load_causal_lm(model, dtype=_dtype(dtype, self.device), device=str(self.device))
+        loaded = load_causal_lm(model, dtype=resolve_dtype(dtype, self.device), device=str(self.device))
         self.tokenizer, self.model = loaded.tokenizer, loaded.model
         self.source: ModelSource = loaded.source
         """Where the weights came from (``source.describe()`` hashes them for results files)."""
@@ -152,7 +152,9 @@ class HFPolicy:
         await asyncio.to_thread(self._batcher.close)
 
 
-def _dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
+def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
+    """``dtype`` as a torch dtype (a name such as ``"bfloat16"`` works); None: the default,
+    bf16 on CUDA and fp32 elsewhere."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype is None:
