@@ -118,6 +118,7 @@ def evaluate(
     policy_args: dict[str, Any] | None = None,
     on_plan: Callable[[int, int], None] | None = None,
     on_episode: Callable[[Trajectory], None] | None = None,
+    on_resume: Callable[[list[Trajectory]], None] | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``model`` (a policy of kind ``policy``) on the first ``n`` tasks of ``env``'s
     ``split``, ``k`` samples each, and return the results (``out_dir`` among them).
@@ -129,8 +130,9 @@ def evaluate(
         policy_args: ``base_url``, ``api_key``, ``tool_calls`` (``policy="openai"``).
         temperature: None: greedy for ``k=1``, else 1.
         history_turns: earlier turns the prompt keeps (None: all).
-        on_plan, on_episode: progress callbacks, ``on_plan(total, already_done)`` once,
-            ``on_episode(trajectory)`` after each episode.
+        on_plan, on_episode, on_resume: progress callbacks, ``on_plan(total, already_done)``
+            once, ``on_episode(trajectory)`` after each episode, ``on_resume(trajectories)``
+            once with the episodes kept from an earlier run in ``out``.
 
     Raises :class:`~agentgym.evaluation.UsageError` for bad arguments, before any server
     starts or model loads, and :class:`ServerStartError` when the local env server fails.
@@ -162,7 +164,13 @@ def evaluate(
         async def run() -> dict[str, Any]:
             try:
                 return await evaluate_on(
-                    server_url, built, config, token=token, on_plan=on_plan, on_episode=on_episode
+                    server_url,
+                    built,
+                    config,
+                    token=token,
+                    on_plan=on_plan,
+                    on_episode=on_episode,
+                    on_resume=on_resume,
                 )
             finally:
                 await built.close()

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import sys
 
-from rich.console import Console
 from rich.panel import Panel
 
 from agentgym.client import EnvClient
+from agentgym.progress import make_console
 from agentgym.servers.launcher import start_server_process, wait_healthy
 
-console = Console()
+console = make_console()
 
 
 def play_expert_episode(url: str, split: str = "test", index: int = 0) -> bool:

@@ -137,7 +137,10 @@ def env_server(env: str, url: str | None, log_dir: Path, timeout: float = 180.0)
 
 def check_policy_model(kind: str, model: str | None) -> None:
     """``UsageError`` within seconds when the model of an ``hf`` or ``vllm`` policy cannot
-    load here (:func:`~agentgym.policies.models.check_model`): before any server starts."""
+    load here (:func:`~agentgym.policies.models.check_model`), or a model is given to the
+    expert, which plays no model: before any server starts."""
+    if kind == "expert" and model is not None:
+        raise UsageError(f"--policy expert plays the env's expert and no model: drop --model {model}")
     if kind not in ("hf", "vllm"):
         return
     from agentgym.policies.models import DEFAULT_MODEL, ModelNotAvailable, check_model
@@ -218,6 +221,22 @@ async def list_tasks(url: str, split: str, n: int | None, token: str | None = No
         except AgentGymError as exc:
             raise UsageError(exc.message) from None
     return ids[:n] if n is not None else ids
+
+
+def collected_tasks(path: Path, env: str) -> set[str]:
+    """The task ids of ``env`` a dataset file holds, in either format (a torn last line, a
+    crash's, is not read: the writer cuts it when the file is next opened)."""
+    prefix = f"{env}_"
+    tasks = set()
+    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+        if not line.endswith("\n"):
+            break
+        record = json.loads(line)
+        if "item_id" in record and record["item_id"].startswith(prefix):  # AgentGym's conversations
+            tasks.add(record["item_id"].removeprefix(prefix))
+        elif record.get("env") == env:
+            tasks.add(record["task_id"])
+    return tasks
 
 
 def plan_episodes(task_ids: list[str], k: int, split: str) -> list[EpisodeSpec]:
@@ -362,9 +381,11 @@ async def evaluate(
     token: str | None = None,
     on_plan: Callable[[int, int], None] | None = None,
     on_episode: Callable[[Trajectory], None] | None = None,
+    on_resume: Callable[[list[Trajectory]], None] | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) the evaluation and return the results, also written to
-    ``<out>/results.json``. ``on_plan(total, already_done)`` is called once before the
+    ``<out>/results.json``. ``on_resume(kept)`` is called once with the episodes an earlier
+    run finished (when there are any), then ``on_plan(total, already_done)`` once before the
     first episode, ``on_episode`` after each."""
     metadata = await check_server(url, config.env, token)
     task_ids = await list_tasks(url, config.split, config.n, token)
@@ -383,6 +404,8 @@ async def evaluate(
         spec: t for spec in plan if (t := previous.get((spec.task_id, spec.sample))) and not t.errored
     }
     todo = [spec for spec in plan if spec not in finished]
+    if on_resume is not None and finished:
+        on_resume(list(finished.values()))
     if on_plan is not None:
         on_plan(len(plan), len(finished))
     start = time.perf_counter()
@@ -438,11 +461,14 @@ async def collect(
     token: str | None = None,
     on_plan: Callable[[int, int], None] | None = None,
     on_episode: Callable[[Trajectory], None] | None = None,
+    resume: bool = False,
 ) -> dict[str, int]:
     """Play one episode per task of ``split`` and write a dataset to ``out`` (replaced):
     one JSON line per episode, kept when it succeeded (or, with ``only_success=False``,
     when it did not error). AgentGym conversations cannot mark an error, so errored
-    episodes are never written. Returns ``{"episodes", "written", "errored"}``."""
+    episodes are never written. ``resume``: keep ``out``'s records and play only the tasks
+    it lacks (those not written before are played again). Returns ``{"episodes",
+    "written", "errored", "kept"}``, the first three counting this call's episodes."""
     from agentgym.trajectory import to_agentgym
 
     if output_format not in DATASET_FORMATS:
@@ -451,10 +477,13 @@ async def collect(
         )
     await check_server(url, env, token)
     plan = plan_episodes(await list_tasks(url, split, n, token), 1, split)
+    if not resume:
+        out.unlink(missing_ok=True)
+    kept = collected_tasks(out, env) if out.exists() else set()
+    plan = [spec for spec in plan if spec.task_id not in kept]
     if on_plan is not None:
-        on_plan(len(plan), 0)
-    out.unlink(missing_ok=True)
-    counts = Counter(episodes=0, written=0, errored=0)
+        on_plan(len(plan) + len(kept), len(kept))
+    counts = Counter(episodes=0, written=0, errored=0, kept=len(kept))
     with TrajectoryWriter(out) as writer:
 
         def record(trajectory: Trajectory) -> None:

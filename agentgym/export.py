@@ -19,30 +19,27 @@ from typing import Any
 import yaml
 
 from agentgym.policies.chat import stop_token_ids
+from agentgym.policies.dtypes import AUTO, check_dtype_name, export_dtype
 from agentgym.policies.runs import RUN_CONFIG, RunCheckpoint, find_checkpoint
 from agentgym.run_folder import READABLE_FILE, READABLE_FOLDER, MetricsLog, read_play, write_play
-
-EXPORT_DTYPES = ("bfloat16", "float16", "float32")
-"""Weight types ``export`` writes. bfloat16, the default, halves the folder (269 MB for
-SmolLM2-135M) and is what the published models ship in; float32 keeps the trained weights
-bit for bit as the run evaluated them."""
 
 HELD_OUT_PREFIX = ("val_", "eval_")
 """Metrics of the held-out evaluations: validation (``val_success_rate``, ...) and the
 test panel of the before/after report (``eval_success_rate``, ...)."""
 
 
-def export_run(run: str | Path, out: str | Path, *, step: int | None = None, dtype: str = "bfloat16") -> Path:
+def export_run(
+    run: str | Path, out: str | Path, *, step: int | None = None, dtype: str | None = None
+) -> Path:
     """Export ``run`` (a run folder, its newest complete checkpoint or ``step``'s; or one
-    checkpoint folder) to the new folder ``out``, weights in ``dtype``. ValueError when
-    ``run`` is not a training run, ``out`` exists and is not empty, or ``dtype`` is not one
-    of :data:`EXPORT_DTYPES`."""
+    checkpoint folder) to the new folder ``out``, weights in ``dtype`` (None: the dtype the
+    run trained in, :func:`~agentgym.policies.dtypes.export_dtype`). ValueError when ``run``
+    is not a training run, ``out`` exists and is not empty, or ``dtype`` is unknown."""
     import torch
 
     from agentgym.policies.models import load_checkpoint
 
-    if dtype not in EXPORT_DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; export writes {', '.join(EXPORT_DTYPES)}")
+    check_dtype_name(dtype or AUTO)
 
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -52,17 +49,19 @@ def export_run(run: str | Path, out: str | Path, *, step: int | None = None, dty
         raise ValueError(
             f"{run} is not a training run folder (config.yaml and checkpoints/) nor one of its checkpoints"
         )
+    played = read_play(checkpoint.run)
+    trained = (played or {}).get("dtype")
+    written_dtype = export_dtype(dtype, trained)
     loaded = load_checkpoint(checkpoint, spec=str(run))
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
-        stop_where_the_run_stopped(
-            loaded.model.generation_config, loaded.tokenizer, read_play(checkpoint.run)
-        )
-        loaded.model.to(getattr(torch, dtype)).save_pretrained(staging, safe_serialization=True)
+        stop_where_the_run_stopped(loaded.model.generation_config, loaded.tokenizer, played)
+        loaded.model.to(getattr(torch, written_dtype)).save_pretrained(staging, safe_serialization=True)
         loaded.tokenizer.save_pretrained(staging)
-        (staging / "README.md").write_text(model_card(checkpoint, loaded.source.describe(), dtype))
-        if (played := read_play(checkpoint.run)) is not None:  # eval --model plays it as the run did
+        card = model_card(checkpoint, loaded.source.describe(), written_dtype, trained)
+        (staging / "README.md").write_text(card)
+        if played is not None:  # eval --model plays it as the run did, in the run's dtype
             write_play(staging, played)
         for written in staging.iterdir():  # transformers writes some files private (0600)
             written.chmod(READABLE_FILE)
@@ -91,7 +90,19 @@ def stop_where_the_run_stopped(generation: Any, tokenizer: Any, played: dict[str
         )
 
 
-def model_card(checkpoint: RunCheckpoint, source: dict[str, Any], dtype: str) -> str:
+def weights_note(dtype: str, trained: str | None) -> str:
+    """What the weights' dtype means for playing the model as the run scored it."""
+    if trained is None:
+        return "lossless (the run did not record its dtype)" if dtype == "float32" else "rounded"
+    if dtype == trained:
+        return "the dtype the run trained and was evaluated in"
+    return (
+        f"rounded from the run's {trained} (`agentgym eval --model <this folder>` computes in "
+        f"{trained}; `agentgym export --dtype {trained}` keeps the weights exactly)"
+    )
+
+
+def model_card(checkpoint: RunCheckpoint, source: dict[str, Any], dtype: str, trained: str | None) -> str:
     """A Hugging Face model card: front matter, where the model came from, its held-out
     figures and the run's config."""
     config = checkpoint.config
@@ -116,12 +127,7 @@ def model_card(checkpoint: RunCheckpoint, source: dict[str, Any], dtype: str) ->
         f"- run folder: `{checkpoint.run}`",
         f"- checkpoint: `{checkpoint.folder.name}` (step {checkpoint.step})",
         f"- sha256 of the base model and checkpoint files: `{source['sha256']}`",
-        f"- weights: {dtype}"
-        + (
-            ""
-            if dtype == "float32"
-            else " (`agentgym export --dtype float32` keeps the run's float32 exactly)"
-        ),
+        f"- weights: {dtype}, {weights_note(dtype, trained)}",
         "",
         "```python",
         "from transformers import AutoModelForCausalLM, AutoTokenizer",

@@ -7,12 +7,30 @@ caller describes (success so far, a loss), elapsed and ETA, flushed, at most eve
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
-from typing import Any
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.progress import Progress, ProgressColumn
+
+PIPED_WIDTH = 160
+"""Columns of output that goes to a file or a pipe. Rich would assume 80 there and cut
+table columns to fit (``epis…``); a terminal's own width is used as it is."""
+
+
+def output_width(stream: TextIO) -> int | None:
+    """``stream``'s width for rich: None (the terminal's, or ``COLUMNS``) on a terminal or
+    where ``COLUMNS`` is set, else :data:`PIPED_WIDTH`."""
+    interactive = getattr(stream, "isatty", lambda: False)()
+    return None if interactive or os.environ.get("COLUMNS") else PIPED_WIDTH
+
+
+def make_console(*, stderr: bool = False) -> Console:
+    """A console for output that a person or a log file reads: tables whole either way."""
+    return Console(stderr=stderr, width=output_width(sys.stderr if stderr else sys.stdout))
 
 
 def progress(console: Console, *columns: str | ProgressColumn, disable: bool = False) -> Any:

@@ -58,6 +58,9 @@ PLAY_KEYS = (
     "constrain_actions",
     "temperature",
 )
+PLAY_OPTIONAL_KEYS = ("dtype",)
+"""Kept in the play record where given, not required of one: the dtype the run trained and
+was evaluated in (:mod:`agentgym.policies.dtypes`; records from before it lack it)."""
 
 log = logging.getLogger(__name__)
 
@@ -445,10 +448,10 @@ def numeric(record: dict[str, Any]) -> dict[str, float]:
 
 
 def write_play(folder: Path, settings: dict[str, Any]) -> None:
-    """Record how ``folder``'s model is played (:data:`PLAY_KEYS`)."""
-    _atomic_write_text(
-        Path(folder) / PLAY_FILE, json.dumps({k: settings[k] for k in PLAY_KEYS}, indent=1) + "\n"
-    )
+    """Record how ``folder``'s model is played (:data:`PLAY_KEYS`, and the
+    :data:`PLAY_OPTIONAL_KEYS` that ``settings`` has)."""
+    kept = [k for k in PLAY_KEYS + PLAY_OPTIONAL_KEYS if k in PLAY_KEYS or k in settings]
+    _atomic_write_text(Path(folder) / PLAY_FILE, json.dumps({k: settings[k] for k in kept}, indent=1) + "\n")
 
 
 def read_play(folder: Path) -> dict[str, Any] | None:

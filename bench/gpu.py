@@ -38,7 +38,8 @@ from typing import Any
 import torch
 
 from agentgym.policies.base import GenerationRequest, SamplingParams
-from agentgym.policies.hf import HFPolicy, resolve_dtype
+from agentgym.policies.dtypes import dtype_name, resolve_dtype
+from agentgym.policies.hf import HFPolicy
 from agentgym.run_folder import RunDir
 from agentgym.trainers.batch import collate
 from agentgym.trainers.config import TrainConfig
@@ -229,12 +230,10 @@ def shape_figures(
     rows = []
     for lora in (True, False):
         policy = HFPolicy(str(folder), device=str(device), dtype=dtype)
-        config = train_config(folder, "grpo", lora, bf16=dtype == torch.bfloat16)
+        config = train_config(folder, "grpo", lora, dtype=dtype_name(dtype))
         learner = Learner(config, policy, DataParallel())
         for length in lengths:
-            rows.append(
-                {"shape": shape, "lora": lora, "dtype": str(dtype).removeprefix("torch."), "tokens": length}
-            )
+            rows.append({"shape": shape, "lora": lora, "dtype": dtype_name(dtype), "tokens": length})
             rows[-1] |= update_speed(config, learner, length, device)
             rows[-1]["mfu_pct"] = mfu(learner.model.config, rows[-1]["update_tokens_s"], length, device)
         if lora:  # generation does not depend on what is trained
@@ -279,7 +278,7 @@ def packing_figures(
     for lora in (True, False):
         policy = HFPolicy(str(folder), device=str(device), dtype=dtype)
         layouts = {"padded x4": None, f"packed {total}": total}
-        sizes = {"micro_batch_size": 4, "minibatch_size": len(lengths), "bf16": dtype == torch.bfloat16}
+        sizes = {"micro_batch_size": 4, "minibatch_size": len(lengths), "dtype": dtype_name(dtype)}
         configs = {
             layout: train_config(folder, "grpo", lora, pack_tokens=capacity, **sizes)
             for layout, capacity in layouts.items()
@@ -292,7 +291,7 @@ def packing_figures(
             row = {
                 "shape": folder.name,
                 "lora": lora,
-                "dtype": str(dtype).removeprefix("torch."),
+                "dtype": dtype_name(dtype),
                 "layout": layout,
             }
             row |= {"tokens": sum(lengths), "episodes": len(lengths)}
@@ -386,7 +385,7 @@ def update_match(folder: Path, algo: str, device: torch.device, tolerance: float
     rounding difference into a visible share of the learning rate (seen on an H200: max
     element gap 9.6% of the step while the gradients agreed to 1.6e-6)."""
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    config = train_config(folder, algo, True, minibatch_size=4, bf16=False)
+    config = train_config(folder, algo, True, minibatch_size=4, dtype="float32")
     records = sequences(4, 96, 49152, seed=1)
     batch = collate(records, [1.0, -1.0, 0.5, -0.5], pad_id=0)
     figures, initial = {}, None

@@ -48,7 +48,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentgym.core import TextEnv
-from agentgym.errors import AgentGymError, MethodNotAllowed, UnknownSession
+from agentgym.errors import AgentGymError, EpisodeOver, MethodNotAllowed, UnknownSession
 from agentgym.servers.episodes import play_step, reset_kwargs, start_session, task_page
 from agentgym.servers.metrics import ServerMetrics
 from agentgym.servers.middleware import ClientOf, error_response
@@ -305,7 +305,10 @@ class EnvTools:
 
     async def _act(self, caller: Caller, arguments: Act) -> dict[str, Any]:
         checked = self.catalog.validate_action(arguments.action)
-        return await play_step(self.sessions, self.metrics, self._episode(caller), checked)
+        try:
+            return await play_step(self.sessions, self.metrics, self._episode(caller), checked)
+        except EpisodeOver as exc:  # the env's message names REST's reset; here it is a tool
+            raise EpisodeOver("the episode is over; call start_episode to play another") from exc
 
     def _typed(self, kind: ActionType) -> Run:
         async def play(caller: Caller, arguments: BaseModel) -> dict[str, Any]:

@@ -49,7 +49,11 @@ def run_eval(*args: str) -> tuple[str, dict]:
         ),
         (
             ["--env", "textworld", "--policy", "expert", "--constrain-actions"],
-            "--constrain-actions needs --policy hf or vllm",
+            "--constrain-actions needs --policy hf or vllm or openai",
+        ),
+        (
+            ["--env", "textworld", "--policy", "expert", "--model", "smollm2-135m"],
+            "--policy expert plays the env's expert and no model: drop --model smollm2-135m",
         ),
     ],
 )
@@ -148,9 +152,10 @@ def test_resume_runs_only_what_is_missing(textworld_url: str, tmp_path: Path) ->
     kept = path.read_text().splitlines()[:3]
     errored = json.loads(kept[2]) | {"end_reason": "error:env_connection", "success": False}
     path.write_text("\n".join([*kept[:2], json.dumps(errored)]) + "\n")
-    _, second = run_eval(*args)
+    output, second = run_eval(*args)
     # Two finished pairs are kept; the errored one and the missing one run again.
     assert (second["resumed"], second["ran"], second["episodes"]) == (2, 2, 4)
+    assert "| success 4 errors 0 |" in output  # the progress line counts the kept episodes too
     assert second["success_rate"] == 1.0 and second["errored"] == 0
     records = read_trajectories(path)
     assert len(records) == 5 and len({t.key for t in records}) == 4

@@ -259,7 +259,8 @@ def test_bad_tool_input_is_a_tool_error_and_changes_nothing(serve: Callable[[str
                 await session.call_tool("step", {"action": "red"})
             assert (await session.call_tool("observe", {})).structured_content["turn"] == 0
             await session.call_tool("act", {"action": first["info"]["expert_action"]})
-            assert error_code(await session.call_tool("act", {"action": "red"})) == "episode_over"
+            over = await session.call_tool("act", {"action": "red"})
+            assert error_code(over) == "episode_over" and "call start_episode" in over.content[0].text
             again = await session.call_tool("start_episode", FIRST_TEST_TASK)  # the same env session, reset
             assert not again.is_error and sessions_of(url) == 1
 

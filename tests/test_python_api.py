@@ -68,6 +68,6 @@ def test_evaluate_refuses_bad_arguments_before_any_server_or_model(tmp_path: Pat
         evaluate("choice", play={"agent_format": "prose"}, out=tmp_path / "b")
     with pytest.raises(UsageError, match="unknown play settings max_turn;"):
         evaluate("choice", play={"max_turn": 3}, out=tmp_path / "c")
-    with pytest.raises(UsageError, match="constrain_actions needs policy hf or vllm"):
-        evaluate("choice", policy="openai", play={"constrain_actions": True}, out=tmp_path / "d")
+    with pytest.raises(UsageError, match="constrain_actions needs policy hf or vllm or openai"):
+        evaluate("choice", policy="expert", play={"constrain_actions": True}, out=tmp_path / "d")
     assert time.monotonic() - start < 10 and not any(tmp_path.iterdir())

@@ -121,11 +121,11 @@ def test_export_writes_a_folder_plain_transformers_loads(
     }
     card = (out / "README.md").read_text()
     assert "step 3" in card and "eval_success_rate" in card and "algo: grpo" in card  # figures and config
-    assert "weights: bfloat16" in card
+    assert "weights: float32, the dtype the run trained and was evaluated in" in card  # the dtype rule
     assert all(p.stat().st_mode & 0o777 == 0o644 for p in out.iterdir())  # shareable, as the folder
 
     model = AutoModelForCausalLM.from_pretrained(out)
-    assert model.dtype == torch.bfloat16  # half of float32's size, as published models ship
+    assert model.dtype == torch.float32  # the run trained on CPU: float32 by the dtype rule
     tokenizer = AutoTokenizer.from_pretrained(out)
     ids = tokenizer("You see a red door.", return_tensors="pt").input_ids
     generated = model.generate(ids, max_new_tokens=3, do_sample=False)
@@ -137,18 +137,22 @@ def test_export_writes_a_folder_plain_transformers_loads(
     assert generation["max_new_tokens"] == 4 and generation.get("do_sample") is False
     assert model.generate(ids).shape[1] <= ids.shape[1] + 4
 
-    exact = tmp_path / "export-float32"
-    code, output = cli("export", str(tiny_run), "--out", str(exact), "--dtype", "float32")
+    halved_out = tmp_path / "export-bfloat16"
+    code, output = cli("export", str(tiny_run), "--out", str(halved_out), "--dtype", "bfloat16")
     assert code == 0, output
+    assert "weights: bfloat16, rounded from the run's float32" in (halved_out / "README.md").read_text()
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     served = HFPolicy(str(tiny_run), device="cpu")
-    asyncio.run(served.close())
+    replayed = HFPolicy(str(halved_out), device="cpu")  # its play record: computed in float32
+    for policy in (served, replayed):
+        asyncio.run(policy.close())
+    assert served.model.dtype == replayed.model.dtype == torch.float32
     with torch.no_grad():
         exported, trained, untrained, halved = (
             m(ids).logits.float()
-            for m in (AutoModelForCausalLM.from_pretrained(exact), served.model, base, model)
+            for m in (model, served.model, base, AutoModelForCausalLM.from_pretrained(halved_out))
         )
-    assert torch.allclose(exported, trained, atol=1e-5)  # the float32 export is the run's model
+    assert torch.allclose(exported, trained, atol=1e-5)  # the default export is the run's model
     assert not torch.allclose(exported, untrained, atol=1e-4)  # with the trained weights merged in
     assert torch.allclose(halved, trained, atol=0.1)  # bfloat16: the same model, rounded
 
@@ -174,7 +178,7 @@ def test_export_writes_a_folder_plain_transformers_loads(
     code, output = cli("export", str(tiny_run), "--out", str(out))
     assert code == 2 and "not an empty folder" in output  # never overwrites
     code, output = cli("export", str(tiny_run), "--dtype", "int8", "--out", str(tmp_path / "int8"))
-    assert code == 2 and "unknown dtype 'int8'; export writes bfloat16, float16, float32" in output
+    assert code == 2 and "unknown dtype 'int8'; choose auto or one of bfloat16, float16, float32" in output
     assert not (tmp_path / "int8").exists()
     code, output = cli("export", str(tiny_run), "--step", "1", "--out", str(tmp_path / "gone"))
     assert code == 2 and "no checkpoint of step 1" in output and not (tmp_path / "gone").exists()

@@ -110,7 +110,7 @@ def test_the_learned_model_ends_its_replies_and_plays_outside_the_trainer(
         code, output = run_cli("eval", "--env", "choice", "--policy", "openai", "--base-url", base_url,
                                 "--model", str(choice_run), "--n", "16", "--out", str(tmp_path / "ev"))  # fmt: skip
     assert code == 0, output
-    assert "playing as the run's held-out evaluation did" in output and "shown, not enforced" in output
+    assert "playing as the run's held-out evaluation did" in output and "constrain_actions True" in output
     results = json.loads((tmp_path / "ev" / "results.json").read_text())
     in_process = run_metrics(choice_run)[-1]["eval_success_rate"]
     assert results["invalid_reply_rate"] == 0.0 and results["rejected_action_rate"] == 0.0

@@ -16,6 +16,7 @@ import yaml
 
 from agentgym.errors import did_you_mean
 from agentgym.policies.adapters import LORA_DEFAULTS
+from agentgym.policies.dtypes import AUTO
 from agentgym.trainers.agentevol.settings import AgentEvolSettings
 from agentgym.trainers.algorithms import BapoConfig, ClipConfig
 from agentgym.trainers.config_checks import config_problems
@@ -110,8 +111,10 @@ class TrainConfig:
     lora_layers: int | None = LORA_DEFAULTS.lora_layers
     """Adapt only the top this many transformer layers (None: all). Backward then stops
     there, about halving a CPU update of SmolLM2 (30 layers) at little cost in quality."""
-    bf16: bool = True
-    """Use bfloat16 where the hardware supports it (CUDA); fp32 on CPU."""
+    dtype: str = AUTO
+    """The model's weights and compute: ``auto`` (bf16 on a CUDA device that supports it,
+    float32 elsewhere: :mod:`agentgym.policies.dtypes`), ``bfloat16``, ``float16`` or
+    ``float32``. The run records it; its checkpoints play and export in it."""
     generator: str = "hf"
     """Who samples the rollouts. ``hf``: the model being trained, in-process (no weight
     transfer). ``vllm``: a vLLM engine on the GPU (the ``vllm`` extra). ``ray``: Ray actors,
@@ -367,7 +370,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
-        values = _nest_flat_keys(values)
+        values = _upgrade_renamed_keys(_nest_flat_keys(values))
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
@@ -434,3 +437,12 @@ def _nest_flat_keys(values: dict[str, Any]) -> dict[str, Any]:
             section = dataclasses.asdict(section)
         nested[head] = {**section, leaf: nested.pop(flat)}
     return nested
+
+
+def _upgrade_renamed_keys(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with keys of earlier versions in today's terms, so their run folders load:
+    ``bf16: false`` was ``dtype: float32`` (``true`` was ``auto``, the default)."""
+    upgraded = dict(values)
+    if "bf16" in upgraded and not upgraded.pop("bf16"):
+        upgraded["dtype"] = "float32"
+    return upgraded

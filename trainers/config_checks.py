@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any
 
 from agentgym.agents import ACTION_ORDERS
+from agentgym.policies.dtypes import AUTO, DTYPE_NAMES
 from agentgym.trainers.algorithms import AGGREGATIONS
 from agentgym.trainers.registry import ADVANTAGE_ESTIMATORS, CLIP_RULES
 from agentgym.trainers.reporting import reporter_problems
@@ -25,6 +26,8 @@ def config_problems(config: Any) -> list[str]:
         problems.append("curriculum must be 'all', 'fits-horizon' or 'unsolved'")
     if config.generator not in ("hf", "vllm", "ray"):
         problems.append("generator must be 'hf', 'vllm' or 'ray'")
+    if config.dtype != AUTO and config.dtype not in DTYPE_NAMES:
+        problems.append(f"dtype must be {AUTO} or one of {', '.join(DTYPE_NAMES)}")
     if config.action_order not in ACTION_ORDERS:
         problems.append(f"action_order must be one of {', '.join(ACTION_ORDERS)}")
     if config.rl_learning_rate is not None and config.rl_learning_rate <= 0:

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import torch
 
 from agentgym.policies.base import Policy
+from agentgym.policies.dtypes import dtype_name
 from agentgym.policies.hf import HFPolicy
 from agentgym.rollout import EpisodeSpec, RolloutConfig, Rollouts, run_episodes
 from agentgym.trainers.learner import Learner, adapt
@@ -86,7 +87,9 @@ class RayGenerator:
         from agentgym.trainers.ray_rollouts import RayRollouts
 
         self.url = url
-        self.pool = RayRollouts(config.model, url, workers=config.ray_workers, address=config.ray_address)
+        self.pool = RayRollouts(
+            config.model, url, workers=config.ray_workers, address=config.ray_address, dtype=config.dtype
+        )
 
     async def update_weights(self, learner: Learner, version: int) -> None:
         await self.pool.update_weights(merged_weights(learner.model), version=version)
@@ -120,7 +123,7 @@ async def start_generator(config: Any, learner: Learner, url: str) -> Generator:
         engine = VLLMPolicy(
             config.model,
             # the learner's dtype, so behaviour log-probs are the learner's up to kernel noise
-            dtype="bfloat16" if learner.policy.model.dtype == torch.bfloat16 else "float32",
+            dtype=dtype_name(learner.policy.model.dtype),
             gpu_memory_utilization=config.vllm_gpu_memory_utilization,
         )
         return await PolicyGenerator(engine, url, _send_merged(engine)).start()

@@ -23,14 +23,14 @@ from typing import Any
 
 import psutil
 import torch
-from rich import get_console
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from agentgym.core import resolve_split
 from agentgym.openenv_client import env_client, is_openenv_url, openenv_task_ids
+from agentgym.policies.dtypes import dtype_name
 from agentgym.policies.hf import HFPolicy
+from agentgym.progress import make_console
 from agentgym.progress import progress as progress_display
 from agentgym.run_folder import MetricsLog, RunDir, write_play
 from agentgym.trainers import heldout, manifest
@@ -213,7 +213,7 @@ class Trainer:
         table.add_column("per-episode", justify="right")
         for label, claim, per_episode in heldout.rows(result, cloned=self.config.bc_steps > 0):
             table.add_row(label, claim, per_episode)
-        Console().print(table)
+        make_console().print(table)
 
     def _write_manifest(self, tasks: list[str]) -> None:
         """``manifest.json`` in the run folder (``trainers/manifest.py``); never fails the run."""
@@ -281,9 +281,9 @@ class Trainer:
         if config.generator != "hf" and self.dp.world > 1:
             raise ValueError(f"generator: {config.generator} runs with one trainer process; use --nproc 1")
         self._list_tasks()  # before the model loads: an env that cannot train fails in seconds
-        if self.dp.main:
-            write_play(self.run_dir.path, held_out_play(config))
-        policy = HFPolicy(config.model, dtype=self._dtype(), device=self.dp.device())
+        policy = HFPolicy(config.model, dtype=config.dtype, device=self.dp.device())
+        if self.dp.main:  # the dtype it trains in is the one it plays, serves and exports in
+            write_play(self.run_dir.path, held_out_play(config) | {"dtype": dtype_name(policy.model.dtype)})
         self.tokenizer = policy.tokenizer
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.learner = Learner(config, policy, self.dp)
@@ -335,11 +335,6 @@ class Trainer:
         log.info("resumed from %s (step %d)", checkpoint, state["step"])
         return state["step"] + 1
 
-    def _dtype(self) -> torch.dtype | None:
-        if self.config.bf16 and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return None
-
 
 async def split_task_ids(url: str) -> tuple[dict[str, int], dict[str, list[str]]]:
     """The env's splits, and the task ids of those of its train, test and validation splits
@@ -384,4 +379,4 @@ def _describe(record: dict[str, Any]) -> str:
 def _progress(visible: bool = True) -> Any:
     """The steps' bar; plain flushed lines when the output is not a terminal."""
     columns = (TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    return progress_display(get_console(), *columns, disable=not visible)
+    return progress_display(make_console(), *columns, disable=not visible)

@@ -28,10 +28,10 @@ from agentgym.trajectory import Trajectory
 class RolloutWorker:
     """One Ray actor: a policy of its own and an event loop that plays episodes with it."""
 
-    def __init__(self, model: str, url: str) -> None:
+    def __init__(self, model: str, url: str, dtype: str | None = None) -> None:
         from agentgym.policies.hf import HFPolicy
 
-        self.policy = HFPolicy(model)
+        self.policy = HFPolicy(model, dtype=dtype)
         self.url = url
         self.loop = asyncio.new_event_loop()
 
@@ -54,6 +54,8 @@ class RayRollouts:
         model: what each worker loads (alias, Hugging Face id or folder it can read).
         url: the env server the workers play on.
         workers: number of actors, each reserving ``cpus_per_worker`` CPUs.
+        dtype: each worker's model dtype (None: :mod:`agentgym.policies.dtypes`' rule
+            on the worker's device).
         address: a running Ray cluster to join; ``None`` starts a local Ray.
     """
 
@@ -65,13 +67,14 @@ class RayRollouts:
         workers: int = 2,
         address: str | None = None,
         cpus_per_worker: float = 1.0,
+        dtype: str | None = None,
     ) -> None:
         self._ray = _import_ray()
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         if not self._ray.is_initialized():
             self._ray.init(address=address, include_dashboard=False, log_to_driver=False)
         actor = self._ray.remote(num_cpus=cpus_per_worker)(RolloutWorker)
-        self.workers = [actor.remote(model, url) for _ in range(workers)]
+        self.workers = [actor.remote(model, url, dtype) for _ in range(workers)]
 
     async def play(self, url: str, specs: list[EpisodeSpec], rollout: RolloutConfig) -> list[Trajectory]:
         """Play ``specs``: worker i takes the groups of every i-th task (a group stays on

@@ -4,22 +4,25 @@ pairs, the options several commands take, serving on a bound socket."""
 from __future__ import annotations
 
 import contextlib
+import shlex
 import socket
-from typing import TYPE_CHECKING, Annotated, Any
+import sys
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
+import typer.rich_utils
 import yaml
-from rich.console import Console
 from rich.markup import escape
 
 from agentgym import registry
 from agentgym.errors import AgentGymError
+from agentgym.progress import make_console, output_width
 
-if TYPE_CHECKING:
-    pass
-
-console = Console()
-err_console = Console(stderr=True)
+console = make_console()
+err_console = make_console(stderr=True)
+if typer.rich_utils.MAX_WIDTH is None:  # --help: typer's own console, 80 columns when piped
+    typer.rich_utils.MAX_WIDTH = output_width(sys.stdout)
 
 EXIT_USAGE = 2
 
@@ -30,6 +33,30 @@ def fail(message: str, code: int = 1) -> typer.Exit:
     path may hold brackets)."""
     err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     return typer.Exit(code)
+
+
+EXIT_INTERRUPTED = 130
+"""A Ctrl-C's exit code (128 + SIGINT), as a shell reports one."""
+
+
+def interrupted(saved: str, needed: dict[str, str | None]) -> typer.Exit:
+    """After a Ctrl-C: print what is ``saved`` and the command that resumes (this command
+    line plus the options of ``needed`` it lacks: ``{"--out": path, "--resume": None}``,
+    None for a flag), and return the exit to raise."""
+    command = ["agentgym", *sys.argv[1:]]
+    for option, value in needed.items():
+        if not any(arg == option or arg.startswith(f"{option}=") for arg in command):
+            command += [option] if value is None else [option, value]
+    err_console.print(f"interrupted: {saved}. Resume with: {shlex.join(command)}", soft_wrap=True)
+    return typer.Exit(EXIT_INTERRUPTED)
+
+
+def count_lines(path: Path) -> int:
+    """Complete lines in ``path`` (a JSONL file a crash may have torn); 0 when it is missing."""
+    try:
+        return path.read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
 
 
 def parse_settings(pairs: list[str]) -> dict[str, Any]:
@@ -152,9 +179,9 @@ ShowActionsOpt = Annotated[
 ConstrainActionsOpt = Annotated[
     bool | None,
     typer.Option(
-        help="hf policy: reply only with one of the env's valid commands (constrained decoding, "
-        "as `agentgym train` plays by default); implies --show-actions. Default: off, or as the "
-        "training run given as --model played."
+        help="Reply only with one of the env's valid commands (constrained decoding, as `agentgym "
+        "train` plays by default; --policy openai sends them as structured_outputs.choice); implies "
+        "--show-actions. Default: off, or as the training run given as --model played."
     ),
 ]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from rich.console import Console
 from rich.progress import (
@@ -22,6 +22,8 @@ from agentgym.progress import clock
 from agentgym.progress import progress as progress_display
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from agentgym.trajectory import Trajectory
 
 
@@ -38,11 +40,22 @@ class EtaColumn(ProgressColumn):
         return Text(f"eta {clock(left)}", style="progress.remaining")
 
 
-def episode_progress(
-    console: Console = console,
-) -> tuple[Any, Callable[[int, int], None], Callable[[Trajectory], None]]:
+class EpisodeProgress(NamedTuple):
+    """A progress bar and the callbacks that drive it."""
+
+    bar: Any
+    on_plan: Callable[[int, int], None]
+    """``(total, already_done)``, once."""
+    on_episode: Callable[[Trajectory], None]
+    """After each episode played."""
+    on_resume: Callable[[list[Trajectory]], None]
+    """With the episodes an earlier run finished, which count in the tally too."""
+
+
+def episode_progress(console: Console = console) -> EpisodeProgress:
     """A progress bar (plain lines when the output is not a terminal, :mod:`agentgym.progress`)
-    and the two callbacks that drive it."""
+    and the callbacks that drive it; its line tallies successes and errors over every
+    episode, resumed ones included."""
     progress = progress_display(
         console,
         TextColumn("{task.description}"),
@@ -57,13 +70,15 @@ def episode_progress(
     def on_plan(total: int, done: int) -> None:
         progress.update(bar, total=total, completed=done, resumed=done)
 
-    def on_episode(trajectory: Trajectory) -> None:
-        tally["success"] += trajectory.success
-        tally["errored"] += trajectory.errored
+    def count(trajectories: list[Trajectory], advance: int) -> None:
+        tally["success"] += sum(t.success for t in trajectories)
+        tally["errored"] += sum(t.errored for t in trajectories)
         description = f"success {tally['success']}  errors {tally['errored']}"
-        progress.update(bar, advance=1, description=description)
+        progress.update(bar, advance=advance, description=description)
 
-    return progress, on_plan, on_episode
+    return EpisodeProgress(
+        progress, on_plan, lambda trajectory: count([trajectory], 1), lambda resumed: count(resumed, 0)
+    )
 
 
 def show_value(value: Any) -> str:
@@ -98,7 +113,7 @@ def results_table(results: dict[str, Any]) -> Table:
 
 def families_table(results: dict[str, Any]) -> Table:
     """One row per challenge (task family: the task id up to its first ``/``)."""
-    columns = {  # short headers: the table must fit 80 columns
+    columns = {  # short headers: the table fits 80 columns
         "episodes": "episodes",
         "success_rate": "success",
         "mean_score": "score",
@@ -111,9 +126,24 @@ def families_table(results: dict[str, Any]) -> Table:
         title="per challenge (unparsed: replies that named no action; rejected: actions the env "
         "refused or did not list)"
     )
-    table.add_column("challenge", no_wrap=True)  # squeeze the figures, never the names
+    table.add_column("challenge", overflow="fold")
     for header in columns.values():
-        table.add_column(header)
+        table.add_column(header, min_width=len(header))  # a narrow terminal wraps names, not these
     for family, figures in results["by_family"].items():
         table.add_row(family, *(show_value(figures[key]) for key in columns))
     return table
+
+
+def print_critic_results(env: str, split: str, results: dict[str, Any], out: Path) -> None:
+    """``eval --critic``'s figures, then where they were written."""
+    from agentgym.critic_eval import CRITIQUES_FILE
+    from agentgym.evaluation import RESULTS_FILE
+
+    table = Table(
+        "metric", "value", title=f"{env} / {split} / {results['policy']} + critic {results['critic']}"
+    )
+    for key, value in results.items():
+        if not isinstance(value, str):
+            table.add_row(key, show_value(value))
+    console.print(table)
+    console.print(f"results: {out / RESULTS_FILE}\ncritiques: {out / CRITIQUES_FILE}")

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from agentgym.cli.common import EXIT_USAGE, check_model_loads, console, fail
-
-if TYPE_CHECKING:
-    pass
-
+from agentgym.policies.dtypes import check_dtype_name
 
 commands = typer.Typer()
 
@@ -25,12 +22,12 @@ def export_model(
         typer.Option(min=0, help="Export this step's checkpoint (default: the newest complete one)."),
     ] = None,
     dtype: Annotated[
-        str,
+        str | None,
         typer.Option(
-            help="Weight type: bfloat16 (half the size, as published models ship), float16, "
-            "or float32 (the trained weights exactly as the run evaluated them)."
+            help="Weight type: bfloat16, float16 or float32 (default: the dtype the run trained "
+            "and was evaluated in, so the folder plays as the run scored)."
         ),
-    ] = "bfloat16",
+    ] = None,
 ) -> None:
     """Save a training run's model as a standalone Hugging Face folder: trained weights
     merged into the base model (safetensors), tokenizer, config and a model card."""
@@ -83,7 +80,11 @@ def serve_model(
     port: Annotated[int, typer.Option(help="TCP port.")] = 8200,
     device: Annotated[str | None, typer.Option(help="cuda or cpu (default: cuda when available).")] = None,
     dtype: Annotated[
-        str | None, typer.Option(help="e.g. bfloat16 (default: bf16 on GPU, fp32 on CPU).")
+        str | None,
+        typer.Option(
+            help="bfloat16, float16 or float32 (default: a trained model's own dtype, else "
+            "bf16 on GPU and fp32 on CPU)."
+        ),
     ] = None,
     max_batch_size: Annotated[int, typer.Option(min=1, help="Requests decoded together at most.")] = 8,
     served_model_name: Annotated[str | None, typer.Option(help="The name /v1/models reports.")] = None,
@@ -95,6 +96,10 @@ def serve_model(
     from agentgym.policies.openai_server import serve_model as serve
 
     check_model_loads("hf", model)
+    try:
+        check_dtype_name(dtype or "auto")
+    except ValueError as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
     serve(
         model or DEFAULT_MODEL,
         host=host,

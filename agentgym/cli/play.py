@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, TypeVar
 
 import typer
 import yaml
-from rich.table import Table
 
 from agentgym.cli.common import (
     EXIT_USAGE,
@@ -32,10 +31,12 @@ from agentgym.cli.common import (
     ToolCallsOpt,
     check_model_loads,
     console,
+    count_lines,
     fail,
+    interrupted,
     require_env,
 )
-from agentgym.cli.display import episode_progress, families_table, results_table, show_value
+from agentgym.cli.display import episode_progress, families_table, print_critic_results, results_table
 
 if TYPE_CHECKING:
     from agentgym.policies.base import Policy, SamplingParams
@@ -121,10 +122,10 @@ def _run_policy_job(
     check_model_loads(choice.kind, choice.model)
 
     async def run(server_url: str, policy: Policy) -> T:
-        progress, *callbacks = episode_progress()
+        shown = episode_progress()
         try:
-            with progress:
-                return await job(server_url, policy, tuple(callbacks))
+            with shown.bar:
+                return await job(server_url, policy, (shown.on_plan, shown.on_episode))
         finally:
             await policy.close()
 
@@ -249,7 +250,13 @@ def evaluate_policy(
         else:
             _evaluate_episodes_with_critic(env, split, n, choice, critic, rollout, out, url, token)
         return
-    results = _evaluate(env, choice, split, n, k, out, url, token, seed, temperature, history_turns, play)
+    try:
+        results = _evaluate(env, choice, split, n, k, out, url, token, seed, temperature, history_turns, play)
+    except KeyboardInterrupt:
+        saved = (
+            f"{count_lines(out / TRAJECTORIES_FILE)} finished episodes are saved in {out / TRAJECTORIES_FILE}"
+        )
+        raise interrupted(saved, {"--out": str(out)}) from None
     console.print(results_table(results))
     console.print(families_table(results))
     console.print(f"results: {out / RESULTS_FILE}\ntrajectories: {out / TRAJECTORIES_FILE}")
@@ -276,10 +283,10 @@ def _evaluate(
     from agentgym.api import ServerStartError, evaluate
     from agentgym.evaluation import UsageError
 
-    progress, on_plan, on_episode = episode_progress()
+    shown = episode_progress()
     console.print(f"starting a local {env} server ..." if url is None else f"connecting to {url} ...")
     try:
-        with progress:
+        with shown.bar:
             return evaluate(
                 env,
                 choice.model,
@@ -300,8 +307,9 @@ def _evaluate(
                     "api_key": choice.api_key,
                     "tool_calls": choice.tool_calls,
                 },
-                on_plan=on_plan,
-                on_episode=on_episode,
+                on_plan=shown.on_plan,
+                on_episode=shown.on_episode,
+                on_resume=shown.on_resume,
             )
     except UsageError as exc:
         raise fail(str(exc), EXIT_USAGE) from None
@@ -342,7 +350,7 @@ def _evaluate_with_critic(
             results = asyncio.run(run())
     except UsageError as exc:
         raise fail(str(exc), EXIT_USAGE) from None
-    _print_critic_results(env, split, results, out)
+    print_critic_results(env, split, results, out)
 
 
 def _evaluate_episodes_with_critic(
@@ -382,21 +390,7 @@ def _evaluate_episodes_with_critic(
             await judge.close()
 
     results = _run_policy_job(env, url, out / "servers", token, job, choice)
-    _print_critic_results(env, split, results, out)
-
-
-def _print_critic_results(env: str, split: str, results: dict[str, Any], out: Path) -> None:
-    from agentgym.critic_eval import CRITIQUES_FILE
-    from agentgym.evaluation import RESULTS_FILE
-
-    table = Table(
-        "metric", "value", title=f"{env} / {split} / {results['policy']} + critic {results['critic']}"
-    )
-    for key, value in results.items():
-        if not isinstance(value, str):
-            table.add_row(key, show_value(value))
-    console.print(table)
-    console.print(f"results: {out / RESULTS_FILE}\ncritiques: {out / CRITIQUES_FILE}")
+    print_critic_results(env, split, results, out)
 
 
 def _policy_args(choice: PolicyChoice, model: str | None) -> dict[str, Any]:
@@ -411,7 +405,7 @@ def _policy_args(choice: PolicyChoice, model: str | None) -> dict[str, Any]:
 @commands.command()
 def collect(
     env: Annotated[str, typer.Option(help="Environment to play (see `agentgym envs`).")],
-    out: Annotated[Path, typer.Option(help="Dataset file to write (JSONL; replaced).")],
+    out: Annotated[Path, typer.Option(help="Dataset file to write (JSONL; replaced unless --resume).")],
     policy: PolicyOpt = "expert",
     split: Annotated[str, typer.Option(help="Task split: train, validation (or dev) or test.")] = "train",
     output_format: Annotated[
@@ -434,6 +428,9 @@ def collect(
     max_new_tokens: MaxNewTokensOpt = 128,
     url: EnvUrlOpt = None,
     token: TokenOpt = None,
+    resume: Annotated[
+        bool, typer.Option(help="Keep --out's episodes and play only the tasks it lacks.")
+    ] = False,
 ) -> None:
     """Play every task of a split (the expert by default) and write a trajectory dataset."""
     from agentgym.evaluation import DATASET_FORMATS, collect
@@ -469,16 +466,22 @@ def collect(
             token=token,
             on_plan=on_plan,
             on_episode=on_episode,
+            resume=resume,
         )
 
-    counts = _run_policy_job(
-        env,
-        url,
-        out.parent / "servers",
-        token,
-        job,
-        PolicyChoice(policy, model, base_url, api_key, concurrency, tool_calls),
-    )
+    try:
+        counts = _run_policy_job(
+            env,
+            url,
+            out.parent / "servers",
+            token,
+            job,
+            PolicyChoice(policy, model, base_url, api_key, concurrency, tool_calls),
+        )
+    except KeyboardInterrupt:
+        raise interrupted(f"{count_lines(out)} episodes are saved in {out}", {"--resume": None}) from None
+    kept = f", {counts['kept']} kept from before" if counts["kept"] else ""
     console.print(
-        f"wrote {counts['written']} of {counts['episodes']} episodes to {out} ({counts['errored']} errored)"
+        f"wrote {counts['written']} of {counts['episodes']} episodes to {out} "
+        f"({counts['errored']} errored{kept})"
     )

@@ -16,7 +16,7 @@ from agentgym.trainers.presets import algo_help
 if TYPE_CHECKING:
     from agentgym.trainers.config import TrainConfig
 
-from agentgym.cli.common import console, fail, parse_settings, require_env
+from agentgym.cli.common import console, fail, interrupted, parse_settings, require_env
 
 commands = typer.Typer()
 
@@ -118,6 +118,8 @@ def train(
         Trainer(resolved, run_dir, resume=resume).run()
     except SetupError as exc:
         raise fail(str(exc), 2) from None
+    except KeyboardInterrupt:
+        raise interrupted(_what_a_resume_keeps(run_dir), {"--out": str(run_dir), "--resume": None}) from None
     if rank != 0:
         return
     manifest = run_dir / MANIFEST_FILE  # what the held-out figures came from
@@ -126,6 +128,15 @@ def train(
         f"checkpoints {run_dir / 'checkpoints'}, {_plot(run_dir)}"
         + (f", manifest {manifest}" if manifest.exists() else "")
     )
+
+
+def _what_a_resume_keeps(run_dir: Path) -> str:
+    from agentgym.run_folder import RunDir
+
+    newest = RunDir(run_dir, create=False).latest_checkpoint()
+    if newest is None:
+        return f"no step was checkpointed yet in {run_dir}"
+    return f"the newest complete checkpoint is {newest} (later steps are trained again)"
 
 
 def _plot(run_dir: Path) -> str:

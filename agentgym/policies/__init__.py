@@ -18,8 +18,10 @@ POLICY_KINDS: dict[str, tuple[str, str]] = {
     "expert": ("agentgym.policies.expert", "ExpertPolicy"),
 }
 """``kind`` -> (module, class) of each backend."""
-CONSTRAINING_KINDS = ("hf", "vllm")
-"""The backends that decode under ``info["reply_choices"]`` (token-level action masking)."""
+CONSTRAINING_KINDS = ("hf", "vllm", "openai")
+"""The backends that decode under ``info["reply_choices"]``: hf and vllm by token-level
+action masking; openai sends them as vLLM's ``structured_outputs.choice``, which
+``serve-model`` enforces by the same rule (a vLLM server by its own choice backend)."""
 
 
 def make_policy(kind: str, **kwargs: Any) -> Policy:

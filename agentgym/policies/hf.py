@@ -19,7 +19,9 @@ import torch
 from agentgym.policies.base import Generation, GenerationRequest, Message, SamplingParams
 from agentgym.policies.batching import BatcherStats, ContinuousBatcher
 from agentgym.policies.chat import chat_prompt_ids, choice_ids, end_of_turn_id, stop_token_ids
+from agentgym.policies.dtypes import resolve_dtype
 from agentgym.policies.models import DEFAULT_MODEL, ModelSource, load_causal_lm
+from agentgym.policies.runs import played_by
 from agentgym.policies.sampling import token_logprobs
 
 
@@ -30,13 +32,17 @@ class HFPolicy:
         model: alias (``smollm2-135m``), ``.gguf`` file, local folder, training run folder
             (or one of its ``checkpoints/step-N``) or Hugging Face id.
         device: ``"cuda"`` when available, else ``"cpu"``.
-        dtype: torch dtype or its name; bf16 on GPU, fp32 on CPU by default.
+        dtype: torch dtype or its name; None or ``auto``: a trained model's own dtype,
+            else bf16 on GPU and fp32 on CPU (:mod:`agentgym.policies.dtypes`).
         max_batch_size: requests decoded together at most.
         batch_wait_ms: how long an idle model waits after a request for others to batch with.
         prefix_cache: encoded prompts (and replies) kept so a later prompt that starts with
             one encodes only its new tokens; default 4 × ``max_batch_size``, 0 turns it off.
         name: recorded in trajectories; defaults to ``model``.
     """
+
+    constrains = True
+    """Decodes under ``info["reply_choices"]`` (token-level action masking)."""
 
     def __init__(
         self,
@@ -51,7 +57,10 @@ class HFPolicy:
     ) -> None:
         self.name = name or model
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        loaded = load_causal_lm(model, dtype=resolve_dtype(dtype, self.device), device=str(self.device))
+        trained = (played_by(model) or {}).get("dtype")
+        loaded = load_causal_lm(
+            model, dtype=resolve_dtype(dtype, self.device, trained), device=str(self.device)
+        )
         self.tokenizer, self.model = loaded.tokenizer, loaded.model
         self.source: ModelSource = loaded.source
         """Where the weights came from (``source.describe()`` hashes them for results files)."""
@@ -150,13 +159,3 @@ class HFPolicy:
     async def close(self) -> None:
         """Stop the batching thread; unanswered requests fail. The model stays loaded."""
         await asyncio.to_thread(self._batcher.close)
-
-
-def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
-    """``dtype`` as a torch dtype (a name such as ``"bfloat16"`` works); None: the default,
-    bf16 on CUDA and fp32 elsewhere."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype is None:
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, dtype)

@@ -6,6 +6,9 @@ With ``tool_calls=True`` the model acts through OpenAI tool calls instead of wri
 agent format: each request carries ``tools`` (one function per action type of the commands
 the env lists, :mod:`agentgym.agents.tools`) and ``tool_choice: "required"``; earlier turns
 go back as assistant ``tool_calls`` answered by ``tool`` messages (the observations).
+A request whose ``info["reply_choices"]`` lists the only replies allowed (a constrained
+rollout) sends them as vLLM's ``structured_outputs: {"choice": [...]}``: ``serve-model``
+enforces them token for token as the trainer does, vLLM's server by its own choice backend.
 Each request is one HTTP call; at most ``concurrency`` are in flight. 429, 5xx and
 connection errors are retried with exponential backoff (honouring ``Retry-After``);
 other errors raise :class:`OpenAIError` at once.
@@ -95,10 +98,15 @@ class OpenAIPolicy:
         self._loop = self._client = self._semaphore = None
 
     def payload(
-        self, messages: list[Message], sampling: SamplingParams, tools: ActionTools | None = None
+        self,
+        messages: list[Message],
+        sampling: SamplingParams,
+        tools: ActionTools | None = None,
+        choices: list[str] | None = None,
     ) -> dict[str, Any]:
-        """The JSON body of one request: ``role`` and ``content`` of each message, and with
-        ``tools`` the tool definitions and earlier tool calls with their results."""
+        """The JSON body of one request: ``role`` and ``content`` of each message; with
+        ``tools`` the tool definitions and earlier tool calls with their results; with
+        ``choices`` the replies allowed, as vLLM's ``structured_outputs.choice``."""
         body: dict[str, Any] = {
             "model": self.model,
             "messages": tool_messages(messages)
@@ -114,13 +122,16 @@ class OpenAIPolicy:
             body["seed"] = sampling.seed
         if tools:
             body |= {"tools": tools.schemas(), "tool_choice": "required", "parallel_tool_calls": False}
+        elif choices:
+            body["structured_outputs"] = {"choice": list(choices)}
         return body
 
     async def _complete(self, request: GenerationRequest, sampling: SamplingParams) -> Generation:
         client, semaphore = self._session()
         tools = ActionTools(request.info.get("available_actions")) if self.tool_calls else None
         async with semaphore:
-            data = await self._post(client, self.payload(request.messages, sampling, tools))
+            body = self.payload(request.messages, sampling, tools, request.info.get("reply_choices"))
+            data = await self._post(client, body)
         try:
             choice = data["choices"][0]
             text = choice["message"].get("content") or ""

@@ -9,7 +9,9 @@ third-party agents, and what the ``openai`` policy is tested against::
          -d '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 20}'
 
 Routes: ``POST /v1/chat/completions`` (no streaming; ``tools`` and ``tool_choice`` as
-OpenAI's, answered with ``tool_calls``: :mod:`agentgym.policies.tool_calls`), ``GET /v1/models``,
+OpenAI's, answered with ``tool_calls``: :mod:`agentgym.policies.tool_calls`; vLLM's
+``structured_outputs: {"choice": [...]}`` holds the reply to one of the given texts, by the
+trainer's own constrained decoding), ``GET /v1/models``,
 ``GET /health``. Concurrent requests share the policy's batches. Errors use OpenAI's
 shape, ``{"error": {"message", "type", "param", "code"}}``: 400 for a body that is not a
 JSON object or a request the model cannot take, 422 for schema errors, 401 for a
@@ -24,7 +26,7 @@ import hmac
 import logging
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
@@ -116,6 +118,22 @@ class ChatMessage(BaseModel):
         return {"role": role, "content": "\n".join(part for part in (content, *calls) if part)}
 
 
+MAX_CHOICES = 1024
+"""Replies a ``structured_outputs.choice`` list may name at most (an env lists far fewer)."""
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's request field for constrained output; this server takes its ``choice`` only."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    choice: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
+        min_length=1, max_length=MAX_CHOICES
+    )
+    """The reply must be one of these, token for token as the trainer's constrained
+    decoding makes it (each choice tokenized alone, then the end of turn)."""
+
+
 class ChatCompletionRequest(BaseModel):
     # Clients send fields we do not use (user, presence_penalty, ...); ignore them as vLLM does.
     model_config = ConfigDict(extra="ignore")
@@ -136,6 +154,21 @@ class ChatCompletionRequest(BaseModel):
     """``None``: ``auto`` when there are tools."""
     parallel_tool_calls: bool | None = None
     """Accepted; a reply holds one call at most."""
+    structured_outputs: StructuredOutputs | None = None
+    guided_choice: list[str] | None = Field(None, min_length=1, max_length=MAX_CHOICES)
+    """vLLM's earlier name for ``structured_outputs.choice``."""
+
+    def reply_choices(self) -> list[str] | None:
+        """The replies the model is held to (None: it decodes freely); CompatError where
+        the request asks for constraints it cannot combine."""
+        if self.structured_outputs is not None and self.guided_choice is not None:
+            raise CompatError(
+                400, "give structured_outputs.choice or guided_choice, not both", param="guided_choice"
+            )
+        choices = self.structured_outputs.choice if self.structured_outputs else self.guided_choice
+        if choices and self.active_tools():
+            raise CompatError(400, "structured_outputs.choice and tools cannot be combined", param="tools")
+        return choices
 
     def active_tools(self) -> list[dict[str, Any]]:
         """The tools the model may call ([] without tools or with ``tool_choice: "none"``);
@@ -201,6 +234,9 @@ def create_openai_app(
         if body.stream:
             raise CompatError(400, "stream=true is not supported by this server", param="stream")
         tools = body.active_tools()
+        info = {"reply_choices": allowed} if (allowed := body.reply_choices()) else {}
+        if info and not getattr(policy, "constrains", False):
+            raise CompatError(400, f"{served} cannot constrain its replies", param="structured_outputs")
         messages = [m.to_message() for m in body.messages]
         if tools:
             messages = _with_system(messages, tool_prompt(tools, body.choice()))
@@ -208,7 +244,7 @@ def create_openai_app(
         prefix = forced_prefix(body.choice()) if tools and prompt_ids is not None else ""
         if prefix:  # the reply starts as a call: token policies continue from there
             prompt_ids = prompt_ids + policy.tokenizer.encode(prefix, add_special_tokens=False)
-        requests = [GenerationRequest(messages, prompt_ids) for _ in range(body.n)]
+        requests = [GenerationRequest(messages, prompt_ids, info) for _ in range(body.n)]
         try:
             generations = await policy.generate(requests, body.sampling())
         except ValueError as exc:  # the policy refused the request (e.g. an empty prompt)
