@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from conftest import REPO
 from typer.testing import CliRunner
 
@@ -135,3 +136,39 @@ def test_collect_resumes_keeping_what_it_wrote(textworld_url: str, tmp_path: Pat
             assert len({t.task_id for t in read_trajectories(out)}) == 3  # no task twice
         result = runner.invoke(app, base)  # without --resume the file is replaced
         assert result.exit_code == 0 and "kept" not in result.output and len(list(read_jsonl(out))) == 3
+
+
+HEAVY = ("torch", "transformers", "vllm")
+"""What a command that only reads or checks a config must not import (seconds on a busy machine)."""
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (["train", "--recipe", "dapo-webshop", "--set", "steps=3", "--print-config"], 0),
+        (["train", "--set", "steps=-1", "--print-config"], 2),  # a config problem, told as fast
+        (["train", "--set", "stepz=1"], 2),
+        (["eval", "--help"], 0),
+    ],
+)
+def test_commands_that_only_read_a_config_import_no_torch(args: list[str], code: int) -> None:
+    script = (
+        "import runpy, sys\n"
+        f"sys.argv = ['agentgym', *{args!r}]\n"
+        "try:\n    runpy.run_module('agentgym.cli', run_name='__main__')\n"
+        "except SystemExit as exit:\n    status = exit.code or 0\n"
+        f"print('IMPORTED', [m for m in {HEAVY!r} if m in sys.modules], status, file=sys.stderr)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert f"IMPORTED [] {code}" in done.stderr, done.stdout + done.stderr
+
+
+def test_every_presets_estimator_and_clip_rule_is_registered() -> None:
+    """What lets a config naming them be checked without the registry (and torch)."""
+    from agentgym.trainers.presets import PRESETS
+    from agentgym.trainers.registry import ADVANTAGE_ESTIMATORS, CLIP_RULES
+
+    assert {p.advantage for p in PRESETS.values()} <= ADVANTAGE_ESTIMATORS.keys()
+    assert {p.clip_rule for p in PRESETS.values()} <= CLIP_RULES.keys()

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from agentgym.trainers.loss_settings import AGGREGATIONS, BapoConfig
+
 # ----- advantages ------------------------------------------------------------------
 
 
@@ -104,8 +106,6 @@ def dynamic_sampling_keep(rewards: Tensor, group_ids: Tensor) -> Tensor:
 
 
 # ----- aggregation, KL, entropy --------------------------------------------------------
-
-AGGREGATIONS = ("token-mean", "seq-mean", "seq-sum-norm")
 
 
 def token_weights(mask: Tensor, mode: str = "token-mean", *, norm_tokens: int | None = None) -> Tensor:
@@ -230,46 +230,8 @@ RATIO_NOISE = 1e-3
 """Ratios within this of 1 count as 1: the weights that sampled the tokens score them."""
 
 
-@dataclass(frozen=True)
-class ClipConfig:
-    eps_low: float = 0.2
-    """PPO/DAPO: c_low = 1 - eps_low."""
-    eps_high: float | None = None
-    """c_high = 1 + eps_high. None: the algorithm's (PPO 0.2; DAPO's clip-higher 0.28)."""
-
-
-@dataclass(frozen=True)
-class BapoConfig:
-    """BAPO's bound search (arXiv 2510.18927); defaults are the paper's (§5.1)."""
-
-    rho0: float = 0.4
-    """Target positive share ρ0 of the clipped objective, ρ = P/(P+N)."""
-    low_start: float = 0.6
-    """a⁻: c_low's start."""
-    low_max: float = 0.9
-    """b⁻: c_low's ceiling."""
-    high_start: float = 1.2
-    """a⁺: c_high's start."""
-    high_max: float = 3.0
-    """b⁺: c_high's ceiling."""
-    high_step: float = 0.05
-    """δ1: c_high's step."""
-    low_step: float = 0.02
-    """δ2: c_low's step."""
-
-    def __post_init__(self) -> None:
-        problems = []
-        if not 0 < self.rho0 < 1:
-            problems.append("bapo.rho0 must be in (0, 1)")
-        if self.high_step <= 0 or self.low_step <= 0:
-            problems.append("bapo.high_step and bapo.low_step must be positive (the search must move)")
-        if not 0 < self.low_start <= self.low_max <= 1:
-            problems.append("bapo bounds need 0 < low_start <= low_max <= 1")
-        if not 1 <= self.high_start <= self.high_max:
-            problems.append("bapo bounds need 1 <= high_start <= high_max")
-        if problems:
-            raise ValueError("; ".join(problems))
-
+BAPO_PAPER = BapoConfig()
+"""BAPO's search with the paper's settings (frozen: a safe default argument)."""
 
 SEARCH_OUTCOMES = ("reached", "saturated", "on-policy")
 """How a BAPO search ended: ρ0 reached; both bounds at their ceilings short of ρ0; or not
@@ -299,7 +261,7 @@ def bapo_bounds(
     old_logp: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    config: BapoConfig = BapoConfig(),
+    config: BapoConfig = BAPO_PAPER,
     reduce: Callable[[Tensor], Tensor] | None = None,
 ) -> BapoSearch:
     """BAPO's Algorithm 1 for one update: from ``(a⁻, a⁺)``, while ρ < ρ0 raise c_high by

@@ -18,9 +18,9 @@ from agentgym.errors import did_you_mean
 from agentgym.policies.adapters import LORA_DEFAULTS
 from agentgym.policies.dtypes import AUTO
 from agentgym.trainers.agentevol.settings import AgentEvolSettings
-from agentgym.trainers.algorithms import BapoConfig, ClipConfig
 from agentgym.trainers.config_checks import config_problems
 from agentgym.trainers.critique_rl.settings import CritiqueRLSettings
+from agentgym.trainers.loss_settings import BapoConfig, ClipConfig
 from agentgym.trainers.presets import PRESETS
 
 FALLBACKS: dict[str, Any] = {

@@ -10,10 +10,28 @@ from typing import Any
 
 from agentgym.agents import ACTION_ORDERS
 from agentgym.policies.dtypes import AUTO, DTYPE_NAMES
-from agentgym.trainers.algorithms import AGGREGATIONS
-from agentgym.trainers.registry import ADVANTAGE_ESTIMATORS, CLIP_RULES
+from agentgym.trainers.loss_settings import AGGREGATIONS
+from agentgym.trainers.presets import PRESETS
 from agentgym.trainers.reporting import reporter_problems
 from agentgym.trainers.schedules import ScalingInterHorizon
+
+
+def registry_problems(advantage: str, clip_rule: str) -> list[str]:
+    """Whether ``advantage`` and ``clip_rule`` are registered. A name some preset uses is
+    (a test holds it), so only another name loads the registry, and with it torch: a
+    config is read and checked in a fraction of a second (``--print-config``)."""
+    if advantage in {p.advantage for p in PRESETS.values()} and clip_rule in {
+        p.clip_rule for p in PRESETS.values()
+    }:
+        return []
+    from agentgym.trainers.registry import ADVANTAGE_ESTIMATORS, CLIP_RULES
+
+    problems = []
+    if advantage not in ADVANTAGE_ESTIMATORS:
+        problems.append(f"advantage must be one of {', '.join(ADVANTAGE_ESTIMATORS)}")
+    if clip_rule not in CLIP_RULES:
+        problems.append(f"clip_rule must be one of {', '.join(CLIP_RULES)}")
+    return problems
 
 
 def config_problems(config: Any) -> list[str]:
@@ -34,10 +52,7 @@ def config_problems(config: Any) -> list[str]:
         problems.append("rl_learning_rate must be positive (or unset: learning_rate)")
     if config.loss_aggregation not in AGGREGATIONS:
         problems.append(f"loss_aggregation must be one of {', '.join(AGGREGATIONS)}")
-    if config.advantage not in ADVANTAGE_ESTIMATORS:
-        problems.append(f"advantage must be one of {', '.join(ADVANTAGE_ESTIMATORS)}")
-    if config.clip_rule not in CLIP_RULES:
-        problems.append(f"clip_rule must be one of {', '.join(CLIP_RULES)}")
+    problems += registry_problems(config.advantage, config.clip_rule)
     if config.schedule == "scaling-inter":
         try:
             ScalingInterHorizon(config.rounds, config.interval)
