@@ -66,7 +66,10 @@ def test_a_new_env_is_one_folder_and_one_line_and_is_served_and_checked(tmp_path
     def run(*command: str, where: Path = tmp_path) -> subprocess.CompletedProcess:
         return subprocess.run(command, cwd=where, env=env, capture_output=True, text=True)
 
-    made = run(sys.executable, "-m", "agentgym.cli", "new-env", "guess", "--root", str(root))
+    outside = run(sys.executable, "-m", "agentgym.cli", "new-env", "elsewhere")  # cwd: no checkout
+    assert outside.returncode == 2 and "is not inside an AgentGym checkout" in outside.stderr, outside.stderr
+    assert changed_files(ROOT, root) == set()  # the package's own tree untouched
+    made = run(sys.executable, "-m", "agentgym.cli", "new-env", "guess", where=root)  # inside it
     assert made.returncode == 0, made.stdout + made.stderr
     changed = changed_files(ROOT, root)
     folder = {path for path in changed if path.startswith("envs/guess/")}
@@ -91,3 +94,14 @@ def test_a_new_env_is_one_folder_and_one_line_and_is_served_and_checked(tmp_path
         assert linted.returncode == 0, linted.stdout
     again = run(sys.executable, "-m", "agentgym.cli", "new-env", "guess", "--root", str(root))
     assert again.returncode == 2 and "exists already" in again.stdout + again.stderr
+
+    # A step that fails (here the regeneration: compose.yaml cannot be written) leaves nothing.
+    (root / "compose.yaml").unlink()
+    (root / "compose.yaml").mkdir()
+    broken = run(sys.executable, "-m", "agentgym.cli", "new-env", "broken", "--root", str(root))
+    assert broken.returncode == 1 and "failed and changed nothing" in broken.stderr, broken.stderr
+    assert "Traceback" not in broken.stderr
+    (root / "compose.yaml").rmdir()
+    now = {path for path in changed_files(ROOT, root) if not path.startswith(".ruff_cache/")}
+    assert now == changed - {"compose.yaml"}  # as before, the registry included
+    assert not any(path.name.startswith((".broken", "broken")) for path in (root / "envs").iterdir())

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import keyword
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from importlib.resources import files
 from pathlib import Path
 from string import Template
@@ -73,12 +75,14 @@ def new_env(
         str, typer.Argument(help="The new env's name: lower case, digits and _ (a Python identifier).")
     ],
     root: Annotated[
-        Path | None, typer.Option(help="The checkout (default: the one this package runs from).")
+        Path | None,
+        typer.Option(help="The checkout to add it to (default: the one the working directory is in)."),
     ] = None,
 ) -> None:
     """Make envs/NAME (a working number-guessing env with its page, training layer, hosting
-    declaration and test), register it, and regenerate the deployment files."""
-    root = _checkout(root)
+    declaration and test), register it, and regenerate the deployment files: all of it, or
+    nothing when a step fails."""
+    root = _checkout(root) if root is not None else _working_checkout()
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name) or keyword.iskeyword(name):
         raise fail(
             f"{name!r} is not a valid env name: lower case letters, digits and _, starting with a letter",
@@ -86,14 +90,58 @@ def new_env(
         )
     if name in registry.names() or (root / "envs" / name).exists():
         raise fail(f"env {name!r} exists already", EXIT_USAGE)
-    _write_folder(root / "envs" / name, name)
-    _register(root / "agentgym" / "registry.py", name)
-    # A new process: this one's registry was read before the line was added.
-    # (`-m` puts the working directory first on the path: run it in the checkout itself)
-    subprocess.run(
-        [sys.executable, "-m", "agentgym.cli", "generate", "--root", str(root)], cwd=root, check=True
+    try:
+        console.print(_add_env(root, name), end="")
+    except (OSError, subprocess.CalledProcessError) as exc:
+        detail = exc.stderr.strip().splitlines()[-1] if getattr(exc, "stderr", None) else str(exc)
+        raise fail(f"new-env {name} failed and changed nothing in {root}: {detail}") from None
+    console.print(f"made envs/{name}/ in {root}, registered {name!r}; try it: pytest envs/{name}")
+    if root.resolve() != SOURCE_TREE:
+        console.print(f"(the agentgym you ran comes from {SOURCE_TREE}: `pip install -e {root}` to serve it)")
+
+
+def _working_checkout() -> Path:
+    """The checkout the working directory is in; exit 2 outside any (new-env never writes
+    into the installed package's tree unasked)."""
+    for folder in (Path.cwd(), *Path.cwd().parents):
+        if (folder / "envs").is_dir() and (folder / "agentgym" / "registry.py").is_file():
+            return folder
+    raise fail(
+        f"{Path.cwd()} is not inside an AgentGym checkout: cd into the one to add the env to, or "
+        f"give --root (this agentgym runs from {SOURCE_TREE})",
+        EXIT_USAGE,
     )
-    console.print(f"made envs/{name}/, registered {name!r}; try it: pytest envs/{name}")
+
+
+def _add_env(root: Path, name: str) -> str:
+    """Write the folder, register it, regenerate (returns what ``generate`` printed): on any
+    failure, put back every file as it was (the folder goes, the registry and the generated
+    files return)."""
+    from agentgym.servers.deploy import generated_files
+
+    registry_file = root / "agentgym" / "registry.py"
+    kept = {path: path.read_bytes() for path in [registry_file, *generated_files(root)] if path.is_file()}
+    folder = root / "envs" / name
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root / "envs"))
+    try:
+        _write_folder(staging, name)
+        staging.rename(folder)
+        _register(registry_file, name)
+        # A new process: this one's registry was read before the line was added.
+        # (`-m` puts the working directory first on the path: run it in the checkout itself)
+        return subprocess.run(
+            [sys.executable, "-m", "agentgym.cli", "generate", "--root", str(root)],
+            cwd=root,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
+        for path, content in kept.items():
+            path.write_bytes(content)
+        raise
 
 
 def _write_folder(folder: Path, name: str) -> None:
