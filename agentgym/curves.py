@@ -10,7 +10,10 @@ from typing import Any
 
 PANELS = (
     ("train success", ("success_rate",)),
-    ("reward", ("reward_mean",)),
+    (
+        "reward (env's score; the run's own reward where a hook set one)",
+        ("reward_mean", "shaped_reward_mean"),
+    ),
     ("held-out success", ("eval_success_rate", "val_success_rate")),
     ("max turns (schedule)", ("max_turns",)),
     ("BAPO bounds", ("clip_low", "clip_high")),

@@ -70,6 +70,9 @@ class Trajectory:
     """One per turn: the action sent, or ``None`` when the reply did not parse."""
     score: float = 0.0
     """Task progress in [0, 1] at the end (the env's ``info.score``)."""
+    shaped_score: float | None = None
+    """A training run's own reward for the episode (its reward hook), which its advantages
+    read in place of ``score``; None where no hook was set."""
     success: bool = False
     turns: int = 0
     """Agent turns played (replies generated), parse failures included."""

@@ -54,6 +54,7 @@ def arrow_schema(timing_keys: list[str]) -> Any:
         "rewards": pa.list_(pa.float64()),
         "actions": pa.list_(pa.string()),
         "score": pa.float64(),
+        "shaped_score": pa.float64(),
         "success": pa.bool_(),
         "turns": pa.int64(),
         "invalid_turns": pa.int64(),

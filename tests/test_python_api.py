@@ -45,6 +45,9 @@ def test_train_from_python_with_a_custom_reward(
             groups.setdefault((path.name, t.task_id), set()).add(t.score)
     # By the env's scores (kept in the rollouts) some group ties: its episodes would carry no gradient.
     assert any(len(scores) == 1 for scores in groups.values()), groups
+    # Both rewards are logged: the hook's beside the env's, per episode and per step.
+    assert [t.shaped_score for t in played] == [first_sample_wins(t) for t in played]
+    assert all(r["shaped_reward_mean"] == 0.5 and "reward_mean" in r for r in rl)
     assert TrainConfig.load(run / "config.yaml").env == "choice"
 
     # Evaluate the run from Python: it plays as the run's held-out evaluation did.

@@ -113,6 +113,7 @@ class Collector:
         ``version`` with their figures. Dynamic sampling drops groups whose rewards are all
         equal and plays new tasks in their place, ``max_refills`` rounds at most (DAPO)."""
         episodes, seconds = self.take(step, horizon)
+        episodes = self._shaped(episodes)
         self.groups.add(episodes)
         fresh = self._group_samples(self.groups.take_complete())
         wanted, used = self.config.tasks_per_step * self.config.group_size, self._tasks(step, horizon)
@@ -123,13 +124,22 @@ class Collector:
                 break
             tasks = random.Random(self._seed(step) + refill + 1).sample(spare, min(missing, len(spare)))
             used += tasks
-            more = self.dp.gather(self.runner.run(self._play(step, horizon, tasks))[0])
+            more = self._shaped(self.dp.gather(self.runner.run(self._play(step, horizon, tasks))[0]))
             episodes += more
             self.groups.add(more)
             fresh += self._group_samples(self.groups.take_complete())
         self.record(step, episodes)
         samples, figures = self._with_replay(step, version, fresh)
         return episodes, samples, {"rollout_s": round(seconds, 2), **figures}
+
+    def _shaped(self, episodes: list[Trajectory]) -> list[Trajectory]:
+        """``episodes`` with the reward hook's value in ``shaped_score`` (the env's ``score``
+        stays, so rollouts and metrics keep both); as they are without a hook."""
+        if self.reward is None:
+            return episodes
+        return [
+            e if e.errored else dataclasses.replace(e, shaped_score=float(self.reward(e))) for e in episodes
+        ]
 
     def _tasks(self, step: int, horizon: int) -> list[str]:
         pool = self.pool(horizon)
@@ -200,9 +210,12 @@ class Collector:
         members = [(episode, g) for g, group in enumerate(groups) for episode in group]
         if not members:
             return []
-        episodes = [episode for episode, _ in members]
-        if self.reward is not None:  # the saved rollouts keep the env's score
-            episodes = [dataclasses.replace(e, score=float(self.reward(e))) for e in episodes]
+        episodes = [  # the estimators read `score`: the hook's reward where there is one
+            episode
+            if episode.shaped_score is None
+            else dataclasses.replace(episode, score=episode.shaped_score)
+            for episode, _ in members
+        ]
         group_ids = torch.tensor([g for _, g in members])
         advantages = ADVANTAGE_ESTIMATORS[self.config.advantage](episodes, group_ids)
         keep = [True] * len(members)

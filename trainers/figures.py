@@ -10,11 +10,13 @@ from agentgym.trajectory import Trajectory
 
 def rollout_stats(episodes: list[Trajectory]) -> dict[str, Any]:
     finished = [e for e in episodes if not e.errored]
+    shaped = [e.shaped_score for e in finished if e.shaped_score is not None]
     return {
         "episodes": len(episodes),
         "errored": len(episodes) - len(finished),
         "success_rate": average(float(e.success) for e in finished),
         "reward_mean": average(e.score for e in finished),
+        **({"shaped_reward_mean": average(shaped)} if shaped else {}),
         "turns_mean": average(e.turns for e in finished),
         "invalid_share": _share(sum(e.invalid_turns for e in finished), sum(e.turns for e in finished)),
         "context_full": sum(e.end_reason == "context_full" for e in finished),
