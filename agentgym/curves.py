@@ -23,7 +23,10 @@ PANELS = (
     ("loss", ("loss",)),
     ("staleness (policy versions)", ("staleness_mean", "staleness_max")),
     ("importance ratio π_θ/π_behaviour", ("ratio_p05", "ratio_p50", "ratio_p95")),
-    ("approx. KL, behaviour → current policy", ("approx_kl",)),
+    ("KL, behaviour → current policy (k3)", ("approx_kl",)),
+    ("KL to the reference policy (k3)", ("kl_ref",)),
+    ("reply length (sampled tokens per turn)", ("reply_tokens_mean",)),
+    ("episodes without advantage (share)", ("zero_advantage_share",)),
     ("tokens held by the clip (share)", ("clip_frac_low", "clip_frac_high")),
     ("gradient norm, before clipping", ("grad_norm",)),
     ("learning rate", ("lr",)),
@@ -36,6 +39,7 @@ RATES = frozenset(
         "positive_share",
         "invalid_share",
         "eval_invalid_share",
+        "zero_advantage_share",
     }
 )
 """Shares in [0, 1]: a panel of only these is drawn on a 0..1 axis, so a flat 0.125 reads as
@@ -46,6 +50,42 @@ BY_PHASE = frozenset({"loss"})
 different quantities."""
 OUTCOMES = {"eval_success_rate": "eval_outcomes", "val_success_rate": "val_outcomes"}
 """Held-out rates and the per-task outcomes they were computed from (their intervals)."""
+
+
+X_AXES = {
+    "step": "step",
+    "samples": "episodes played",
+    "tokens": "tokens sampled",
+    "wall": "wall clock (minutes)",
+}
+"""What a curve's x axis can count, with its label: training steps, or what they cost."""
+_CUMULATIVE = {"samples": "episodes", "tokens": "generated_tokens"}
+
+
+def x_positions(records: Sequence[dict[str, Any]], axis: str = "step") -> dict[int, float]:
+    """Each step's place on ``axis`` (:data:`X_AXES`): the step; the episodes or sampled
+    tokens played up to the end of it; or the minutes from the run's start to its end.
+    ValueError for another axis."""
+    if axis not in X_AXES:
+        raise ValueError(f"unknown x axis {axis!r}; choose one of {', '.join(X_AXES)}")
+    stepped = [r for r in records if isinstance(r.get("step"), int)]
+    if axis == "step":
+        return {r["step"]: float(r["step"]) for r in stepped}
+    positions: dict[int, float] = {}
+    if axis == "wall":
+        ends = [(r["finished_at"], r.get("step_s", 0.0)) for r in stepped if "finished_at" in r]
+        start = min((end - took for end, took in ends), default=0.0)
+        for record in stepped:
+            last = positions.get(record["step"], max(positions.values(), default=0.0))
+            positions[record["step"]] = (
+                (record["finished_at"] - start) / 60 if "finished_at" in record else last
+            )
+        return positions
+    total = 0.0
+    for record in stepped:
+        total += record.get(_CUMULATIVE[axis]) or 0
+        positions[record["step"]] = total
+    return positions
 
 
 def series(records: Sequence[dict[str, Any]], key: str) -> list[tuple[str, list[tuple[int, float]]]]:

@@ -35,6 +35,7 @@ def test_train_from_python_with_a_custom_reward(
     per_step = TINY_RUN["tasks_per_step"] * TINY_RUN["group_size"]
     assert [r["step"] for r in rl] == [1, 2]
     assert all(r["skipped_episodes"] == 0 for r in rl), rl  # every episode carries gradient
+    assert all(r["zero_advantage_share"] == 0 and r["reply_tokens_mean"] > 0 for r in rl), rl
     assert all(r["lr"] > 0 and all(u["grad_norm"] > 0 for u in r["updates"]) for r in rl)  # plotted
     assert len(seen) == 2 * per_step and all(e.token_ids for e in seen)
     played = [t for p in sorted((run / "rollouts").glob("step-*.jsonl")) for t in read_trajectories(p)]

@@ -175,3 +175,20 @@ def test_merged_lora_weights_reproduce_the_adapted_model() -> None:
     assert torch.allclose(plain(input_ids=ids).logits, expected, atol=1e-5)
     assert torch.allclose(adapted(input_ids=ids).logits, expected, atol=1e-6)  # adapters taken out again
     assert not torch.allclose(tiny_llama()(input_ids=ids).logits, expected, atol=1e-3)
+
+
+def test_the_logged_kl_is_k3_never_negative_where_the_mean_log_ratio_is() -> None:
+    """Tokens the update made likelier: the k1 estimate (mean of old - new log-prob) is
+    negative, a KL cannot be; the logged figure is k3, ``r - 1 - log r`` per token."""
+    from agentgym.trainers.registry import Bounds
+    from agentgym.trainers.update import update_sums
+
+    record = {"token_ids": [3, 7, 11, 5], "loss_mask": [0, 1, 1, 1], "logprobs": [0.0, -2.0, -1.0, -3.0]}
+    micro = collate([record], [1.0], pad_id=0).weighted("token-mean")
+    logp = torch.tensor([[0.0, -1.5, -0.5, -2.9]])  # every agent token likelier now
+    ratio = torch.exp(logp - micro.old_logp)
+    sums = update_sums(micro, ratio, logp, torch.zeros_like(logp), Bounds(0.8, 1.2), torch.zeros_like(logp))
+    k1 = float(((micro.old_logp - logp) * micro.loss_mask).sum())
+    r = ratio[0, 1:]
+    assert k1 < 0 and float(sums[6]) > 0
+    assert float(sums[6]) == pytest.approx(float((r - 1 - r.log()).sum()), rel=1e-5)

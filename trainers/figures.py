@@ -21,6 +21,9 @@ def rollout_stats(episodes: list[Trajectory]) -> dict[str, Any]:
         "invalid_share": _share(sum(e.invalid_turns for e in finished), sum(e.turns for e in finished)),
         "context_full": sum(e.end_reason == "context_full" for e in finished),
         "generated_tokens": sum(e.generated_tokens or 0 for e in finished),
+        "reply_tokens_mean": _share(
+            sum(e.generated_tokens or 0 for e in finished), sum(e.turns for e in finished)
+        ),
         # Summed over concurrent episodes: their ratio splits the rollout's wall time.
         "generation_s_sum": round(sum(e.timings.get("generation", 0.0) for e in finished), 2),
         "env_s_sum": round(sum(e.timings.get("env", 0.0) for e in finished), 2),

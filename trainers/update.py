@@ -47,7 +47,12 @@ def update_policy(
             skipped += dropped
         tokens += int(minibatch.attention_mask.sum())
         updates.append(clipped_update(trainer, minibatch, kl_coef, on_policy=sampled_now and not updates))
-    return summarize(updates) | {"update_tokens": tokens, "skipped_episodes": skipped, "updates": updates}
+    return summarize(updates) | {
+        "update_tokens": tokens,
+        "skipped_episodes": skipped,
+        "zero_advantage_share": round(float((batch.advantages == 0).all(dim=1).float().mean()), 4),
+        "updates": updates,
+    }
 
 
 def minibatch_order(episodes: int, config: Any, version: int) -> list[torch.Tensor]:
@@ -100,7 +105,9 @@ def clipped_update(
     figures summed over every micro-batch and rank."""
     config, learner = trainer.config, trainer.learner
     bounds = CLIP_RULES[config.clip_rule](config, lambda: learner.prepass(minibatch, on_policy))
-    sums = torch.zeros(8, device=learner.device)  # Σw·H, P, N, held low, held high, tokens, Σ(old-new), Σw
+    sums = torch.zeros(
+        9, device=learner.device
+    )  # Σw·H, P, N, held low, held high, tokens, ΣKL old→new, Σw, ΣKL ref
     ratios: list[torch.Tensor] = []
 
     def per_token_loss(micro: TokenBatch) -> torch.Tensor:
@@ -117,24 +124,25 @@ def clipped_update(
         # gradient; without this term the model loses the habit of ending a reply by itself and
         # runs on outside the decoder (`take iron take iron ...`; bench/RESULTS.md).
         loss = loss - config.entropy_coef * entropy - config.forced_end_coef * forced_end_logp
-        if kl_coef:
-            loss = loss + kl_coef * kl_k3(logp, learner.reference_logprobs(micro))
+        kl_ref = kl_k3(logp, learner.reference_logprobs(micro)) if kl_coef else torch.zeros_like(logp)
+        loss = loss + kl_coef * kl_ref
         with torch.no_grad():
             ratio = importance_ratio(logp, micro.old_logp)
-            sums.add_(update_sums(micro, ratio, logp, entropy, bounds))
+            sums.add_(update_sums(micro, ratio, logp, entropy, bounds, kl_ref))
             ratios.append(ratio[micro.loss_mask.bool()].float().cpu())
         return loss
 
     loss = learner.optimize(minibatch, per_token_loss)
-    weighted_entropy, positive, negative, held_low, held_high, tokens, logp_drop, weight = trainer.dp.sum(
-        sums
-    ).tolist()
+    weighted_entropy, positive, negative, held_low, held_high, tokens, kl_drift, weight, kl_ref_sum = (
+        trainer.dp.sum(sums).tolist()
+    )
     entropy = weighted_entropy / weight if weight else 0.0
     return {
         **bound_figures(bounds, positive, negative),
         "clip_frac_low": held_low / max(tokens, 1),
         "clip_frac_high": held_high / max(tokens, 1),
-        "approx_kl": logp_drop / max(tokens, 1),
+        "approx_kl": kl_drift / max(tokens, 1),
+        **({"kl_ref": kl_ref_sum / max(tokens, 1)} if kl_coef else {}),
         "entropy": entropy,
         **_ratio_figures(trainer.dp.gather(ratios)),
         "loss": loss,
@@ -162,18 +170,26 @@ def bound_figures(bounds: Bounds, positive: float, negative: float) -> dict[str,
 
 
 def update_sums(
-    micro: TokenBatch, ratio: torch.Tensor, logp: torch.Tensor, entropy: torch.Tensor, bounds: Bounds
+    micro: TokenBatch,
+    ratio: torch.Tensor,
+    logp: torch.Tensor,
+    entropy: torch.Tensor,
+    bounds: Bounds,
+    kl_ref: torch.Tensor,
 ) -> torch.Tensor:
     """A micro-batch's share of an update's figures, as sums that add up over micro-batches
-    and ranks: ``[Σw·H, P, N, held at c_low, held at c_high, agent tokens, Σ(logp_old - logp), Σw]``."""
+    and ranks: ``[Σw·H, P, N, held at c_low, held at c_high, agent tokens, Σ KL(behaviour ‖
+    current), Σw, Σ KL(current ‖ reference)]``. Both KLs are k3 estimates (``r - 1 - log r``
+    per token: never negative, unlike the mean log-ratio, k1)."""
     mask = micro.loss_mask
     return torch.cat(
         [
             (entropy * micro.token_weight).sum()[None],
             balance(ratio, micro.advantages, mask, bounds.low, bounds.high),
             clip_fractions(ratio, micro.advantages, mask, bounds.low, bounds.high),
-            ((micro.old_logp - logp) * mask).sum()[None],
+            (kl_k3(micro.old_logp, logp) * mask).sum()[None],
             micro.token_weight.sum()[None],
+            (kl_ref * mask).sum()[None],
         ]
     )
 

@@ -199,11 +199,20 @@ def _resolve_config(
 
 
 @commands.command()
-def plot(run_dir: Annotated[Path, typer.Argument(help="A run folder with metrics.jsonl.")]) -> None:
+def plot(
+    run_dir: Annotated[Path, typer.Argument(help="A run folder with metrics.jsonl.")],
+    x: Annotated[
+        str,
+        typer.Option(
+            help="What the x axis counts: step, samples (episodes played), tokens (sampled), wall (minutes)."
+        ),
+    ] = "step",
+    out: Annotated[Path | None, typer.Option(help="The PNG to write (default RUN_DIR/curves.png).")] = None,
+) -> None:
     """Draw a run's training curves to RUN_DIR/curves.png."""
     from agentgym.trainers.plot import plot_run
 
     try:
-        console.print(f"wrote {plot_run(run_dir)}")
-    except FileNotFoundError as exc:
+        console.print(f"wrote {plot_run(run_dir, out, x=x)}")
+    except (FileNotFoundError, ValueError) as exc:
         raise fail(str(exc), 2) from None
