@@ -44,6 +44,14 @@ class InvalidPayload(AgentGymError):
     code = "invalid_payload"
 
 
+class InvalidPath(AgentGymError):
+    """The request path holds a dot segment or an encoded separator (``%2F``): refused by
+    the gateway before routing, so no path resolves past the one asked for."""
+
+    status = 400
+    code = "invalid_path"
+
+
 class InvalidAction(AgentGymError):
     """The action breaks the env's input rules (empty, too long, a control character, a lone
     surrogate, a character its engine cannot take) or the env cannot parse it. The session is
@@ -149,25 +157,9 @@ class EngineError(AgentGymError):
 
 
 ERRORS_BY_CODE: dict[str, type[AgentGymError]] = {
-    cls.code: cls
-    for cls in (
-        InvalidPayload,
-        InvalidAction,
-        UnknownSession,
-        UnknownTask,
-        UnknownEnv,
-        NotFound,
-        MethodNotAllowed,
-        EpisodeOver,
-        RequestTimeout,
-        PayloadTooLarge,
-        SchemaError,
-        AtCapacity,
-        HeadersTooLarge,
-        Unauthorized,
-        EngineError,
-    )
+    cls.code: cls for cls in AgentGymError.__subclasses__() if cls.__module__ == __name__
 }
+"""Every error a server sends, by its ``code`` (each class above)."""
 
 
 def error_from_body(status: int, body: object, retry_after: float | None = None) -> AgentGymError:

@@ -32,8 +32,10 @@ works unchanged. The gateway is a plain reverse proxy on ``httpx.AsyncClient``:
   answers gets the replica's key, so every later request of the MCP session lands there.
 * Anything else under ``/envs/{env}/`` (``/metadata``, ``/tasks``, ``/openapi.json``, an
   env's web pages) goes to any healthy replica: those answers are the same on each.
-* **Nothing reaches past a replica's base URL.** Dot segments (``..``, also spelled
-  ``%2F..``) are resolved before routing, every forwarded path is re-quoted, a replica's
+* **Nothing reaches past a replica's base URL.** A path with a dot segment (``..``) or an
+  encoded separator (``%2F``, ``%5C``) is refused (400 ``invalid_path``) before routing, so
+  the route chosen is the path asked for (a client cannot pick a replica or reach a page
+  through a session's path); every forwarded path is re-quoted, a replica's
   redirect names the gateway's URL, and error messages name a replica by its key: a
   replica's address is never told to a client (``/health`` lists it only to a client
   bearing the gateway's token).
@@ -72,7 +74,7 @@ from agentgym.servers.openenv import refuse_session
 from agentgym.servers.proxying import (
     HOP_BY_HOP,
     MCP_SESSION_HEADER,
-    NormalisedPaths,
+    PlainPaths,
     forwarded_headers,
     passthrough,
     path_segment,
@@ -443,7 +445,7 @@ def create_gateway_app(config: GatewayConfig) -> FastAPI:
     # The env servers' checks, without the token: each replica checks the token it is sent.
     for middleware, options in reversed(guards(config.max_body_bytes, None)):  # innermost first
         app.add_middleware(middleware, **options)
-    app.add_middleware(NormalisedPaths)
+    app.add_middleware(PlainPaths)
     any_method = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
     @app.get("/health")

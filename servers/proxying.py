@@ -1,5 +1,5 @@
 """What the gateway's proxying is made of: forwarding a request's headers and a replica's
-answer (never its address), relaying a WebSocket, and routing on normalised paths.
+answer (never its address), relaying a WebSocket, and refusing paths that traverse.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import EXTERNAL_CLOSE_CODES
 
+from agentgym.errors import InvalidPath
+from agentgym.servers.middleware import send_error
 from agentgym.servers.replicas import Replica
 
 HOP_BY_HOP = frozenset(
@@ -123,32 +125,33 @@ async def relay(client: WebSocket, upstream: ClientConnection) -> tuple[int, str
     return 1000, ""
 
 
-def remove_dot_segments(path: str) -> str:
-    """RFC 3986 §5.2.4 on a decoded path: ``.`` and ``..`` segments resolved, never above
-    the root (``/envs/a/sessions/x/../../tasks`` -> ``/envs/a/tasks``)."""
-    segments = path.split("/")
-    kept: list[str] = []
-    for segment in segments[1:]:
-        if segment == "..":
-            if kept:
-                kept.pop()
-        elif segment != ".":
-            kept.append(segment)
-    trailing = "/" if segments[-1] in (".", "..") and kept else ""
-    return "/" + "/".join(kept) + trailing
+ENCODED_SEPARATOR = re.compile(rb"%(2f|5c)", re.IGNORECASE)
+"""``%2F`` and ``%5C``: a ``/`` or ``\\`` inside one path segment, which the server decodes
+into a separator before routing."""
 
 
-class NormalisedPaths:
-    """Route every request on its path with dot segments resolved. The server has already
-    decoded ``%2F`` into ``/``, so ``sessions/ID%2F..%2F..%2Fx`` would otherwise route as a
-    session call whose path an HTTP client resolves to ``/x`` on the replica, or past the
-    replica's base URL."""
+def traverses(scope: Scope) -> bool:
+    """Whether a request's path holds a dot segment (``.``, ``..``) or an encoded separator:
+    what no client of ours sends, and what could make the route chosen here differ from
+    the path a replica resolves."""
+    raw = scope.get("raw_path") or scope["path"].encode()
+    segments = scope["path"].split("/")
+    return bool(ENCODED_SEPARATOR.search(raw)) or any(segment in (".", "..") for segment in segments)
+
+
+class PlainPaths:
+    """Refuse (400; a WebSocket handshake: close 1008) any request whose path
+    :func:`traverses`, before it is routed. The server has already decoded ``%2F`` into
+    ``/``, so ``sessions/KEY-x%2F..%2F..%2Fsessions`` would otherwise route as another path
+    than the one asked for (a session created, or a page read, where the client chose)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] in ("http", "websocket") and "." in scope["path"]:
-            path = remove_dot_segments(scope["path"])
-            scope = scope | {"path": path, "raw_path": quote(path).encode()}
-        await self.app(scope, receive, send)
+        if scope["type"] not in ("http", "websocket") or not traverses(scope):
+            return await self.app(scope, receive, send)
+        reason = "the path holds a dot segment or an encoded separator (%2F, %5C)"
+        if scope["type"] == "websocket":
+            return await send({"type": "websocket.close", "code": 1008, "reason": reason})
+        await send_error(send, InvalidPath(reason))

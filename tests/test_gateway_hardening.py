@@ -102,7 +102,27 @@ def test_encoded_dot_segments_never_reach_past_the_replica() -> None:
             path = escape.format(key=key)
             for method in ("GET", "POST", "DELETE"):
                 answer = HTTP.request(method, f"{gateway}/envs/choice/{path}")
-                assert answer.status_code == 404 and "leaked" not in answer.text, (method, path)
+                assert answer.status_code in (400, 404) and "leaked" not in answer.text, (method, path)
+
+
+def test_a_path_that_traverses_is_refused_before_a_replica_is_chosen() -> None:
+    """Resolved, ``sessions/KEY-x%2F..%2F..%2Fsessions`` was the create route (a session
+    made where the gateway chose, through a session's path) and ``…%2Fmetrics`` a replica's
+    metrics page: every path with a dot segment or an encoded separator is now a 400."""
+    with choice_fleet(2) as (env_url, replicas):
+        session_id = HTTP.post(f"{env_url}/sessions", json={}).json()["session_id"]
+        key = session_id.partition("-")[0]
+        before = [HTTP.get(f"{r}/health").json() for r in replicas]
+        for method, path in [
+            ("POST", f"sessions/{key}-x%2F..%2F..%2Fsessions"),
+            ("GET", f"sessions/{key}-x%2F..%2F..%2Fmetrics"),
+            ("GET", f"sessions/{key}-x%5C..%5C..%5Cmetrics"),
+            ("GET", f"sessions/{key}-x/%2E%2E/%2E%2E/metrics"),  # (httpx resolves a plain `..` itself)
+        ]:
+            answer = HTTP.request(method, f"{env_url}/{path}", json={} if method == "POST" else None)
+            assert answer.status_code == 400 and error_code(answer) == "invalid_path", (path, answer.text)
+        assert [HTTP.get(f"{r}/health").json() for r in replicas] == before  # no session made
+        assert HTTP.get(f"{env_url}/sessions/{session_id}").status_code == 200  # plain paths still route
 
 
 def test_paths_are_forwarded_as_one_path() -> None:

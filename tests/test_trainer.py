@@ -135,7 +135,7 @@ def test_gigpo_learns_textworld_games_it_never_saw(tmp_path: Path) -> None:
         agent_format="plain",
         max_new_tokens=8,
         constrain_actions=True,
-        rl_learning_rate=1e-3,
+        rl_learning_rate=3e-3,  # 1e-3 cleared the bar by one game (0.25 -> 0.67); 3e-3: 0.75 on seeds 0-2
         eval_tasks=12,
     )
     run = Trainer(config, tmp_path / "gigpo").run()
