@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -129,6 +131,13 @@ def test_content_parts_and_developer_role_are_accepted(server: str) -> None:
         ({"messages": HELLO, "stream": True}, 400, "stream"),
         ([1, 2], 400, None),
         ({"messages": HELLO, "structured_outputs": {"choice": []}}, 422, "structured_outputs.choice"),
+        ({"messages": HELLO, "frequency_penalty": float("nan")}, 422, "frequency_penalty"),
+        ({"messages": HELLO, "temperature": float("nan")}, 422, "temperature"),
+        ({"messages": HELLO, "logit_bias": {"50": 100}}, 400, "logit_bias"),
+        ({"messages": HELLO, "logprobs": True}, 400, "logprobs"),
+        ({"messages": HELLO, "max_tokens": 10**9}, 400, "max_tokens"),
+        ({"messages": HELLO, "max_completion_tokens": 10**12}, 400, "max_completion_tokens"),
+        ({"messages": [{"role": "user", "content": "word " * 9000}]}, 400, "messages"),  # context 8,192
         (
             {"messages": HELLO, "structured_outputs": {"choice": ["4"], "json": {}}},
             422,
@@ -143,11 +152,46 @@ def test_content_parts_and_developer_role_are_accepted(server: str) -> None:
     ],
 )
 def test_bad_payloads_get_openai_errors(server: str, body: Any, status: int, param: str | None) -> None:
-    response = httpx.post(f"{server}/v1/chat/completions", json=body)
+    raw = json.dumps(body).encode()  # NaN as the JavaScript literal, which httpx would not send
+    headers = {"content-type": "application/json"}
+    response = httpx.post(f"{server}/v1/chat/completions", content=raw, headers=headers, timeout=60)
     assert response.status_code == status
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and error["message"]
     assert error["param"] == param and "code" in error
+
+
+@needs_model
+def test_the_servers_cap_and_body_limit_hold(hf_policy: Any) -> None:
+    with serve_in_thread(create_openai_app(hf_policy, max_tokens=8, max_body_bytes=4096)) as url:
+        body = {"messages": HELLO, "temperature": 1.0, "max_tokens": 16}
+        refused = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+        assert refused.status_code == 400 and "this server's cap, 8" in refused.json()["error"]["message"]
+        body = {"messages": HELLO, "temperature": 1.0, "seed": 3}
+        assert (
+            httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120).json()["usage"][
+                "completion_tokens"
+            ]
+            <= 8
+        )
+        big = {"messages": [{"role": "user", "content": "x" * 5000}]}
+        assert httpx.post(f"{url}/v1/chat/completions", json=big).status_code == 413
+
+
+@needs_model
+def test_a_client_that_hangs_up_stops_its_generation(server: str, hf_policy: Any) -> None:
+    """A long reply whose client left kept the model busy for minutes."""
+    before = hf_policy.stats.abandoned
+    body = {"messages": HELLO, "temperature": 1.0, "max_tokens": 4000, "seed": 1}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server}/v1/chat/completions", json=body, timeout=3)
+    deadline = time.monotonic() + 30
+    while hf_policy.stats.abandoned == before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert hf_policy.stats.abandoned == before + 1
+    sampled = hf_policy.stats.tokens
+    time.sleep(1.0)
+    assert hf_policy.stats.tokens == sampled  # nothing generates any more
 
 
 @needs_model

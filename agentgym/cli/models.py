@@ -88,7 +88,15 @@ def serve_model(
     ] = None,
     max_batch_size: Annotated[int, typer.Option(min=1, help="Requests decoded together at most.")] = 8,
     served_model_name: Annotated[str | None, typer.Option(help="The name /v1/models reports.")] = None,
-    api_key: Annotated[str | None, typer.Option(help="Require this bearer token.")] = None,
+    api_key: Annotated[
+        str | None, typer.Option(help="Require this bearer token (do set one when --host is not loopback).")
+    ] = None,
+    max_tokens: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Longest reply a request may ask for (default: the context its prompt leaves)."
+        ),
+    ] = None,
 ) -> None:
     """Serve a local model or a training run over OpenAI's chat-completions API
     (/v1/chat/completions, /v1/models); `eval --policy openai --base-url` plays it."""
@@ -109,4 +117,5 @@ def serve_model(
         max_batch_size=max_batch_size,
         served_model_name=served_model_name,
         api_key=api_key,
+        max_tokens=max_tokens,
     )

@@ -31,7 +31,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +82,8 @@ class BatcherStats:
     """Tokens sampled."""
     max_rows: int = 0
     """Largest live batch seen."""
+    abandoned: int = 0
+    """Rows dropped mid-reply because their caller gave up (:meth:`ContinuousBatcher.abandon`)."""
 
 
 class ContinuousBatcher:
@@ -128,6 +130,7 @@ class ContinuousBatcher:
         """Weights version recorded on every sampled token; whoever changes the weights sets
         it while holding :attr:`lock`, so a sampling step never sees a half-done update."""
         self._queue: queue.SimpleQueue[Row | None] = queue.SimpleQueue()
+        self._abandoned: set[Future] = set()
         self._closed = False
         self._thread: threading.Thread | None = None
         self._state_lock = threading.Lock()
@@ -162,6 +165,12 @@ class ContinuousBatcher:
                 self._thread.start()
             self._queue.put(row)
         return row.future
+
+    def abandon(self, future: Future) -> None:
+        """The caller of ``future`` no longer wants its reply: a queued request is dropped,
+        a generating one leaves the batch at the next step (its tokens stop costing)."""
+        if not future.cancel():
+            self._abandoned.add(future)
 
     def close(self) -> None:
         """Stop the worker; requests not yet answered fail with RuntimeError. Idempotent."""
@@ -307,6 +316,10 @@ class ContinuousBatcher:
 
     def _step(self, live: LiveBatch) -> LiveBatch | None:
         """Sample a token for every row, answer the finished rows, decode the rest."""
+        if self._abandoned and any(row.future in self._abandoned for row in live.rows):
+            live = self._without_abandoned(live)
+            if live is None:
+                return None
         rows = live.rows
         self.stats.max_rows = max(self.stats.max_rows, len(rows))
         temperature = torch.tensor([row.sampling.temperature for row in rows], device=self.device)
@@ -334,6 +347,15 @@ class ContinuousBatcher:
         if len(keep) < len(rows):
             live = select(live, keep)
         return self._decode(live, tokens[keep])
+
+    def _without_abandoned(self, live: LiveBatch) -> LiveBatch | None:
+        keep = [i for i, row in enumerate(live.rows) if row.future not in self._abandoned]
+        for row in live.rows:
+            if row.future in self._abandoned:
+                self._abandoned.discard(row.future)
+                self.stats.abandoned += 1
+                fail(row, CancelledError("the caller gave up on this request"))
+        return select(live, keep) if keep else None
 
     def _decode(self, live: LiveBatch, tokens: torch.Tensor) -> LiveBatch:
         mask = torch.cat([live.mask, live.mask.new_ones((len(live.rows), 1))], dim=1)

@@ -119,7 +119,12 @@ class HFPolicy:
             self._batcher.submit(self._checked_prompt(request), sampling, allowed)
             for request, allowed in zip(requests, choices, strict=True)
         ]
-        replies = await asyncio.gather(*(asyncio.wrap_future(future) for future in futures))
+        try:
+            replies = await asyncio.gather(*(asyncio.wrap_future(future) for future in futures))
+        except asyncio.CancelledError:  # the caller gave up (a client hung up): stop generating
+            for future in futures:
+                self._batcher.abandon(future)
+            raise
         for reply, allowed in zip(replies, choices, strict=True):
             reply.choices = allowed
         return list(replies)

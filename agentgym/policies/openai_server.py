@@ -20,13 +20,13 @@ missing or wrong key when the server has one.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hmac
 import logging
 import time
 import uuid
-from typing import Annotated, Any, Literal
+from collections.abc import Awaitable
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
@@ -36,11 +36,20 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentgym.policies.base import Generation, GenerationRequest, Message, Policy, SamplingParams
 from agentgym.policies.tool_calls import forced_prefix, function_names, parse_reply, render_call, tool_prompt
+from agentgym.servers.middleware import BodySizeLimitMiddleware
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = 256
 """Reply length when a request sets neither ``max_tokens`` nor ``max_completion_tokens``."""
+MAX_BODY_BYTES = 8 * 2**20
+"""Request bodies past this are refused (413) before they are read whole."""
+DISCONNECT_POLL_S = 0.25
+"""How often a generating request checks that its client is still there."""
+SHUTDOWN_GRACE_S = 10
+"""On SIGTERM, how long requests still generating may take before the server stops anyway."""
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+T = TypeVar("T")
 
 
 class CompatError(Exception):
@@ -154,9 +163,50 @@ class ChatCompletionRequest(BaseModel):
     """``None``: ``auto`` when there are tools."""
     parallel_tool_calls: bool | None = None
     """Accepted; a reply holds one call at most."""
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    """Accepted in OpenAI's range and ignored: this server samples without penalties."""
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    """Accepted in OpenAI's range and ignored, as ``frequency_penalty``."""
+    logit_bias: dict[str, float] | None = None
+    """Refused when not empty: this server cannot bias tokens."""
+    logprobs: bool = False
+    """Refused when true: replies carry no log-probs here."""
     structured_outputs: StructuredOutputs | None = None
     guided_choice: list[str] | None = Field(None, min_length=1, max_length=MAX_CHOICES)
     """vLLM's earlier name for ``structured_outputs.choice``."""
+
+    def check_supported(self) -> None:
+        """CompatError for what changes sampling in a way this server cannot honour."""
+        if self.logit_bias:
+            raise CompatError(400, "logit_bias is not supported by this server", param="logit_bias")
+        if self.logprobs:
+            raise CompatError(400, "logprobs are not supported by this server", param="logprobs")
+
+    def reply_limit(self, prompt_tokens: int, window: int | None, cap: int | None) -> int:
+        """The reply's length at most: ``max_completion_tokens`` or ``max_tokens`` when given,
+        else :data:`DEFAULT_MAX_TOKENS`, within the context left after the prompt and the
+        server's ``cap``. CompatError (400) for a prompt that fills the context or a length
+        asked beyond the room (as vLLM answers), before any tensor is built."""
+        room = None if window is None else window - prompt_tokens
+        if room is not None and room < 1:
+            raise CompatError(
+                400,
+                f"the prompt is {prompt_tokens} tokens; the model reads {window} at most",
+                param="messages",
+            )
+        limits = [limit for limit in (room, cap) if limit is not None]
+        asked = self.max_completion_tokens or self.max_tokens
+        if asked is None:
+            return min([DEFAULT_MAX_TOKENS, *limits])
+        if limits and asked > min(limits):
+            why = (
+                f"the {room} tokens the context leaves after a {prompt_tokens}-token prompt"
+                if room == min(limits)
+                else f"this server's cap, {cap}"
+            )
+            name = "max_completion_tokens" if self.max_completion_tokens else "max_tokens"
+            raise CompatError(400, f"{name} {asked} is more than {why}", param=name)
+        return asked
 
     def reply_choices(self) -> list[str] | None:
         """The replies the model is held to (None: it decodes freely); CompatError where
@@ -190,24 +240,33 @@ class ChatCompletionRequest(BaseModel):
             else self.tool_choice
         )
 
-    def sampling(self) -> SamplingParams:
+    def sampling(self, max_new_tokens: int) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else self.stop or []
         return SamplingParams(
             temperature=self.temperature,
             top_p=self.top_p,
-            max_new_tokens=self.max_completion_tokens or self.max_tokens or DEFAULT_MAX_TOKENS,
+            max_new_tokens=max_new_tokens,
             stop=tuple(stop),
             seed=self.seed,
         )
 
 
 def create_openai_app(
-    policy: Policy, *, model_name: str | None = None, api_key: str | None = None
+    policy: Policy,
+    *,
+    model_name: str | None = None,
+    api_key: str | None = None,
+    max_tokens: int | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> FastAPI:
     """A FastAPI app answering chat completions with ``policy``. The caller owns the policy
-    (and closes it). ``api_key``, when set, is required as ``Authorization: Bearer``."""
+    (and closes it). ``api_key``, when set, is required as ``Authorization: Bearer``;
+    ``max_tokens`` caps every reply (None: the context the prompt leaves); a body past
+    ``max_body_bytes`` is refused (413) before it is read whole."""
     served = model_name or policy.name
+    window: int | None = getattr(policy, "context_window", None)
     app = FastAPI(title=f"AgentGym OpenAI-compatible server: {served}")
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_body_bytes)
     _install_error_handlers(app)
 
     def check_key(authorization: str | None) -> None:
@@ -228,11 +287,12 @@ def create_openai_app(
 
     @app.post("/v1/chat/completions")
     async def chat_completions(
-        body: ChatCompletionRequest, authorization: str | None = Header(None)
+        body: ChatCompletionRequest, request: Request, authorization: str | None = Header(None)
     ) -> dict[str, Any]:
         check_key(authorization)
         if body.stream:
             raise CompatError(400, "stream=true is not supported by this server", param="stream")
+        body.check_supported()
         tools = body.active_tools()
         info = {"reply_choices": allowed} if (allowed := body.reply_choices()) else {}
         if info and not getattr(policy, "constrains", False):
@@ -244,9 +304,11 @@ def create_openai_app(
         prefix = forced_prefix(body.choice()) if tools and prompt_ids is not None else ""
         if prefix:  # the reply starts as a call: token policies continue from there
             prompt_ids = prompt_ids + policy.tokenizer.encode(prefix, add_special_tokens=False)
+        limit = body.reply_limit(len(prompt_ids), window, max_tokens) if prompt_ids is not None else None
         requests = [GenerationRequest(messages, prompt_ids, info) for _ in range(body.n)]
+        sampling = body.sampling(limit or body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS)
         try:
-            generations = await policy.generate(requests, body.sampling())
+            generations = await until_disconnected(request, policy.generate(requests, sampling))
         except ValueError as exc:  # the policy refused the request (e.g. an empty prompt)
             raise CompatError(400, str(exc)) from exc
         names = function_names(tools)
@@ -267,6 +329,25 @@ def create_openai_app(
         }
 
     return app
+
+
+async def until_disconnected(request: Request, generation: Awaitable[T]) -> T:
+    """``generation``'s result; if the client hangs up first, the generation is cancelled
+    (the policy stops sampling for it) and the handler ends."""
+    task = asyncio.ensure_future(generation)
+
+    async def hung_up() -> None:
+        while not await request.is_disconnected():
+            await asyncio.sleep(DISCONNECT_POLL_S)
+
+    watch = asyncio.ensure_future(hung_up())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+    return await task
 
 
 def _choice(generation: Generation, prefix: str, names: list[str]) -> dict[str, Any]:
@@ -324,8 +405,10 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("chat completion failed")
-        return CompatError(500, f"internal error: {exc}", "server_error").response()
+        log.exception("chat completion failed")  # the details stay in the server's log
+        return CompatError(
+            500, "internal error (the server's log has the details)", "server_error"
+        ).response()
 
 
 def serve_model(
@@ -338,42 +421,19 @@ def serve_model(
     max_batch_size: int = 8,
     served_model_name: str | None = None,
     api_key: str | None = None,
+    max_tokens: int | None = None,
 ) -> None:
-    """Load ``model`` (alias, folder, hub id or training run) and serve it until Ctrl-C."""
+    """Load ``model`` (alias, folder, hub id or training run) and serve it until Ctrl-C or
+    SIGTERM (requests still generating get :data:`SHUTDOWN_GRACE_S` to finish)."""
     import uvicorn
 
     from agentgym.policies.hf import HFPolicy
 
+    if api_key is None and host not in LOOPBACK:
+        log.warning("serving on %s without --api-key: anyone who reaches it can use the model", host)
     policy = HFPolicy(model, device=device, dtype=dtype, max_batch_size=max_batch_size)
-    app = create_openai_app(policy, model_name=served_model_name, api_key=api_key)
+    app = create_openai_app(policy, model_name=served_model_name, api_key=api_key, max_tokens=max_tokens)
     try:
-        uvicorn.run(app, host=host, port=port)
+        uvicorn.run(app, host=host, port=port, timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
     finally:
         asyncio.run(policy.close())
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``python -m agentgym.policies.openai_server --model smollm2-135m --port 8200``
-    (``agentgym serve-model`` takes the same options)."""
-    from agentgym.policies.models import DEFAULT_MODEL
-
-    parser = argparse.ArgumentParser(description="Serve a local model over OpenAI's chat-completions API.")
-    parser.add_argument(
-        "--model", default=DEFAULT_MODEL, help="alias, .gguf file, folder, training run or Hugging Face id"
-    )
-    parser.add_argument("--host", default="127.0.0.1", help="interface; 0.0.0.0 exposes it to the network")
-    parser.add_argument("--port", type=int, default=8200)
-    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    parser.add_argument(
-        "--dtype", default=None, help="e.g. bfloat16, float32 (default: bf16 on GPU, fp32 on CPU)"
-    )
-    parser.add_argument("--max-batch-size", type=int, default=8)
-    parser.add_argument("--served-model-name", default=None, help="the name /v1/models reports")
-    parser.add_argument("--api-key", default=None, help="require this bearer token")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO)
-    serve_model(**vars(args))
-
-
-if __name__ == "__main__":
-    main()
