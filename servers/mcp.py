@@ -39,19 +39,18 @@ import mcp_types as types
 from mcp.server import Server, ServerRequestContext
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.exceptions import MCPError
-from mcp_types import UNSUPPORTED_PROTOCOL_VERSION
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, create_model
 from starlette.requests import Request
-from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentgym.core import TextEnv
-from agentgym.errors import AgentGymError, EpisodeOver, MethodNotAllowed, UnknownSession
+from agentgym.errors import AgentGymError, EpisodeOver, UnknownSession
 from agentgym.servers.episodes import play_step, reset_kwargs, start_session, task_page
+from agentgym.servers.mcp_admission import McpAdmission, invalid_id, unserved, whole_body
 from agentgym.servers.metrics import ServerMetrics
-from agentgym.servers.middleware import ClientOf, error_response
+from agentgym.servers.middleware import ClientOf
 from agentgym.servers.openenv import parse_model
 from agentgym.servers.sessions import Session, SessionManager
 from agentgym.wire import CreateSessionRequest
@@ -60,9 +59,9 @@ log = logging.getLogger(__name__)
 
 MCP_PATH = "/mcp"
 SESSION_HEADER = "mcp-session-id"
-VERSION_HEADER = "mcp-protocol-version"
 MCP_SESSIONS_PER_SLOT = 4
-"""MCP sessions open at once, per session the server takes (503 beyond): one costs no engine
+"""MCP sessions open at once, per session the server takes (and per session of a client's
+quota); beyond, 429 with Retry-After (:mod:`agentgym.servers.mcp_admission`). One costs no engine
 until it starts an episode (a client also keeps one for env_info and list_tasks), and idle
 ones expire with the TTL, so this only bounds their memory."""
 RESERVED_TOOL_NAMES = frozenset({"reset", "step", "state", "close"})
@@ -378,8 +377,10 @@ class McpEndpoint:
     per-request era: see the module docstring); a session the client deletes closes its
     env session at once."""
 
-    def __init__(self, tools: EnvTools, manager: StreamableHTTPSessionManager) -> None:
-        self.tools, self.manager = tools, manager
+    def __init__(
+        self, tools: EnvTools, manager: StreamableHTTPSessionManager, admission: McpAdmission
+    ) -> None:
+        self.tools, self.manager, self.admission = tools, manager, admission
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -392,13 +393,24 @@ class McpEndpoint:
         return _NamedRoute(MCP_PATH, self, include_in_schema=False)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        refusal = _refusal(scope)
+        refusal = unserved(scope)
+        if refusal is None and scope["method"] == "POST":  # ids checked, and openings admitted, first
+            body, receive = await whole_body(receive)
+            refusal = invalid_id(body)
+        key = Request(scope).headers.get(SESSION_HEADER)
+        client = self.tools.client_of(scope)
+        if refusal is None and scope["method"] == "POST" and key is None:
+            refusal = self.admission.refusal(client)
         if refusal is not None:
             await refusal(scope, receive, send)
             return
-        status = await _answered_status(self.manager.handle_request, scope, receive, send)
-        key = Request(scope).headers.get(SESSION_HEADER)
+        status, opened = await _answered(self.manager.handle_request, scope, receive, send)
+        if key is None and opened and status is not None and status < 300:
+            self.admission.opened(opened, client)
+        elif key is not None:
+            self.admission.used(key)
         if scope["method"] == "DELETE" and key and status is not None and status < 300:
+            self.admission.closed(key)
             await self.tools.end(key)
 
 
@@ -411,37 +423,24 @@ class _NamedRoute(Route):
         await super().handle(scope, receive, send)
 
 
-def _refusal(scope: Scope) -> ASGIApp | None:
-    """The answer to a request ``/mcp`` does not serve, or None."""
-    if scope["method"] == "GET":
-        refused = error_response(
-            MethodNotAllowed("this MCP server sends no messages of its own: no GET stream")
-        )
-        refused.headers["allow"] = "POST, DELETE"
-        return refused
-    version = Request(scope).headers.get(VERSION_HEADER)
-    if version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
-        error = {
-            "code": UNSUPPORTED_PROTOCOL_VERSION,
-            "message": f"protocol {version} has no sessions; this server speaks the initialize handshake",
-            "data": {"supported": list(HANDSHAKE_PROTOCOL_VERSIONS), "requested": version},
-        }
-        return JSONResponse({"jsonrpc": "2.0", "id": None, "error": error}, status_code=400)
-    return None
-
-
-async def _answered_status(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> int | None:
-    """Run ``app`` on the request; the HTTP status it answered (None: no answer)."""
+async def _answered(
+    app: ASGIApp, scope: Scope, receive: Receive, send: Send
+) -> tuple[int | None, str | None]:
+    """Run ``app`` on the request; the HTTP status it answered (None: no answer) and the
+    MCP session id its answer named."""
     status: int | None = None
+    session: str | None = None
 
     async def watch(message: Message) -> None:
-        nonlocal status
+        nonlocal status, session
         if message["type"] == "http.response.start":
             status = message["status"]
+            named = dict(message.get("headers") or []).get(SESSION_HEADER.encode())
+            session = named.decode("latin-1") if named else None
         await send(message)
 
     await app(scope, receive, watch)
-    return status
+    return status, session
 
 
 def mcp_endpoint(
@@ -481,4 +480,6 @@ def mcp_endpoint(
         max_request_body_size=max_body_bytes,
         max_sessions=MCP_SESSIONS_PER_SLOT * sessions.max_sessions,
     )
-    return McpEndpoint(tools, manager)
+    per_client = None if sessions.max_per_client is None else MCP_SESSIONS_PER_SLOT * sessions.max_per_client
+    admission = McpAdmission(MCP_SESSIONS_PER_SLOT * sessions.max_sessions, per_client, sessions.ttl)
+    return McpEndpoint(tools, manager, admission)

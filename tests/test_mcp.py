@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -305,6 +306,43 @@ def test_a_client_that_probes_the_2026_era_falls_back_to_the_handshake(serve: Ca
 
     asyncio.run(scenario())
     assert httpx.get(f"{serve('choice')}/mcp").status_code == 405  # no server-initiated stream
+
+
+def initialize(url: str, token: str | None = None) -> httpx.Response:
+    headers = ACCEPT | ({"authorization": f"Bearer {token}"} if token else {})
+    return httpx.post(f"{url}/mcp", json=INITIALIZE, headers=headers, timeout=30)
+
+
+def test_one_client_cannot_take_every_mcp_session() -> None:
+    """Twenty bare initializes from one client took all 16 MCP slots of a --max-sessions 4
+    server, and everyone else got a 503 without Retry-After for the whole TTL. Now the
+    per-client quota holds for MCP (4 MCP sessions a quota slot), and a refusal is a 429
+    with Retry-After and a JSON-RPC error carrying v1's at_capacity, as v1 answers."""
+    config = ServerConfig(env="choice", max_sessions=4, max_sessions_per_client=1, quota_by_token=True)
+    with serve_in_thread(config) as url:
+        assert all(initialize(url, "greedy").status_code == 200 for _ in range(4))
+        refused = initialize(url, "greedy")
+        assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1, refused.text
+        error = refused.json()["error"]
+        assert (
+            error["data"]["error"]["code"] == "at_capacity" and "quota of 4 MCP sessions" in error["message"]
+        )
+        assert initialize(url, "polite").status_code == 200  # another client still gets in
+    with serve_in_thread(ServerConfig(env="choice", max_sessions=1)) as url:  # no quotas: the capacity
+        assert all(initialize(url).status_code == 200 for _ in range(4))
+        full = initialize(url)
+        assert full.status_code == 429 and "retry-after" in full.headers and "4 MCP sessions" in full.text
+
+
+@pytest.mark.parametrize("bad_id", [{"a": 1}, [1], True, 1.5, float("nan")])
+def test_a_request_id_that_is_not_a_string_or_integer_is_an_invalid_request(
+    bad_id: Any, serve: Callable[[str], str]
+) -> None:
+    raw = json.dumps(INITIALIZE | {"id": bad_id}).encode()  # NaN as the literal some clients send
+    answer = httpx.post(
+        f"{serve('choice')}/mcp", content=raw, headers=ACCEPT | {"content-type": "application/json"}
+    )
+    assert answer.status_code == 400 and answer.json()["error"]["code"] == -32600, answer.text
 
 
 # ----- through the gateway -------------------------------------------------------------------------
