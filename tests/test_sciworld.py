@@ -9,6 +9,7 @@ settings, so they borrow the same JVMs instead of starting more.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import logging
@@ -25,7 +26,7 @@ pytest.importorskip("scienceworld")
 
 from agentgym.envs.sciworld import SciWorldEnv, gold
 from agentgym.envs.sciworld.gold import GOLD_PATHS, GoldPaths
-from agentgym.envs.sciworld.jvm import NON_HEAP_MB, JvmFailed, rss_with_children, shutdown_pools
+from agentgym.envs.sciworld.jvm import NON_HEAP_MB, JvmFailed, JvmSettings, rss_with_children, shutdown_pools
 from agentgym.envs.sciworld.tasks import TASK_TYPES, agentgym_task_id, parse_task_id
 from agentgym.errors import AtCapacity, SchemaError, UnknownTask
 from agentgym.servers.app import ServerConfig, create_app
@@ -259,6 +260,22 @@ def test_spellings_of_one_simplification_set_share_one_gold_path_search() -> Non
     assert GOLD_PATHS.searched == searched + 1
 
 
+def test_a_path_searched_in_one_process_serves_the_others(tmp_path, monkeypatch) -> None:
+    """Each engine worker (a process) searched every new task and simplifications again:
+    1.8-2.7 s a worker. Searched paths now go to the machine's cache, the search held under a
+    file lock, so the next process takes the path instead of searching (two GoldPaths stand
+    for two processes: nothing but the cache joins them)."""
+    monkeypatch.setenv("AGENTGYM_CACHE", str(tmp_path))
+    first, second = GoldPaths(), GoldPaths()
+    assert second.get("boil/3", "easy") is None
+    with first.searching("boil/3", "easy") as found:
+        assert found is None  # nobody searched it: this one does
+        first.put("boil/3", "easy", ["look around", "open door to kitchen"])
+    with second.searching("boil/3", "easy") as found:
+        assert found == ["look around", "open door to kitchen"]  # taken, not searched
+    assert second.searched == 1  # and kept in its memory from then on
+
+
 def test_gold_table_for_another_engine_version_is_ignored(tmp_path, caplog, monkeypatch) -> None:
     table = tmp_path / "gold.json.gz"
     shipped = {"scienceworld": "0.0", "simplifications": "", "paths": {"boil/0": "look around"}}
@@ -337,6 +354,25 @@ def test_killed_jvm_raises_and_is_replaced(env: SciWorldEnv) -> None:
     assert dead not in env.pool.pids()
     env.reset(task_id="find-plant/0")  # the same instance carries on with another JVM
     assert env.jvm_pid != dead
+
+
+def test_a_hung_jvm_fails_its_call_after_call_timeout_s() -> None:
+    """A stopped JVM held its caller 45 s before the session failed; the default is now 15 s
+    (twice the longest call measured), and the setting is the env's own."""
+    assert JvmSettings().call_timeout_s <= 15
+    with SciWorldEnv(**POOL, call_timeout_s=2.0) as env:
+        env.reset(task_id="find-plant/0")
+        hung = env.jvm_pid
+        os.kill(hung, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(JvmFailed):
+                env.step("look around")
+            assert time.monotonic() - started < 10
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # the pool has killed it already
+                os.kill(hung, signal.SIGKILL)
+        assert hung not in env.pool.pids()
 
 
 # ----- over REST -----------------------------------------------------------------------

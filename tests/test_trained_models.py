@@ -197,7 +197,7 @@ def test_eval_records_schema_seed_commit_and_per_challenge_figures(
     # A random model writes no "Action:" line: every reply is invalid, and the summary says so.
     assert results["invalid_reply_rate"] == 1.0 and "invalid_reply_rate" in output
     families = {"tw-coin_collector", "tw-treasure_hunter", "tw-simple", "tw-cooking"}
-    assert set(results["by_family"]) == families and all(f in output for f in families)
+    assert set(results["by_family"]) == families and all(f in output for f in families), output
     assert all(figures["episodes"] == 1 for figures in results["by_family"].values())
     records = list(read_jsonl(tmp_path / "trajectories.jsonl"))
     assert [r.get("schema_version") for r in records] == [1] * 4  # agentgym.trajectory.SCHEMA_VERSION

@@ -318,3 +318,24 @@ def test_an_on_policy_minibatch_skips_the_prepass_forward_with_the_same_bounds(t
     full, skipped = learner.prepass(batch), learner.prepass(batch, on_policy=True)
     assert len(forwards) == len(learner.micro_batches(batch))  # only the first ran the model
     assert torch.allclose(full.logp, skipped.logp, atol=1e-5)
+
+
+def test_the_rl_phase_starts_with_a_fresh_optimizer_unless_told_to_carry_cloning_s(
+    tiny_model_dir: Path, choice_url: str, tmp_path: Path
+) -> None:
+    """AdamW's state after the first RL step counts RL's updates only (``fresh``, the
+    default); ``carried`` keeps counting cloning's too, as every run did before."""
+    counted = {}
+    for rl_optimizer in ("fresh", "carried"):
+        run = tmp_path / rl_optimizer
+        code, output = train(run, "grpo", tiny_model_dir, env="choice", env_url=choice_url, bc_steps=2,
+                             bc_batch_size=2, kl_coef=0.0, rl_optimizer=rl_optimizer)  # fmt: skip
+        assert code == 0, output
+        saved = torch.load(run / "checkpoints" / "step-000003" / "optimizer.pt", weights_only=True)
+        counted[rl_optimizer] = int(next(iter(saved["optimizer"]["state"].values()))["step"])
+        rl = [r for r in run_metrics(run) if r["phase"] == "rl"]
+        updates = len(rl[0]["updates"])
+    assert counted == {"fresh": updates, "carried": updates + 2}  # two cloning steps before
+    code, output = train(tmp_path / "bad", "grpo", tiny_model_dir, env="choice", env_url=choice_url,
+                         rl_optimizer="stale")  # fmt: skip
+    assert code == 2 and "rl_optimizer must be 'fresh' or 'carried'" in output

@@ -204,6 +204,11 @@ class TrainConfig:
     ``learning_rate``. Behaviour cloning needs a large one to learn the format fast; RL on
     the cloned policy a smaller one, so that a few noisy groups do not undo what cloning
     taught."""
+    rl_optimizer: str = "fresh"
+    """The optimizer state the RL phase starts with after behaviour cloning. ``fresh``: a new
+    AdamW state, so RL's first updates are RL's alone. ``carried``: cloning's state goes on
+    (earlier versions): with β1 = 0.9 its momentum adds cloning-sized steps to RL's first
+    updates and its second moments scale RL's gradients by cloning's."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     max_grad_norm: float = 1.0

@@ -46,6 +46,8 @@ def config_problems(config: Any) -> list[str]:
         problems.append("generator must be 'hf', 'vllm' or 'ray'")
     if config.dtype != AUTO and config.dtype not in DTYPE_NAMES:
         problems.append(f"dtype must be {AUTO} or one of {', '.join(DTYPE_NAMES)}")
+    if config.rl_optimizer not in ("fresh", "carried"):
+        problems.append("rl_optimizer must be 'fresh' or 'carried'")
     if config.action_order not in ACTION_ORDERS:
         problems.append(f"action_order must be one of {', '.join(ACTION_ORDERS)}")
     if config.rl_learning_rate is not None and config.rl_learning_rate <= 0:

@@ -140,6 +140,8 @@ class Trainer:
                 if step <= self.config.bc_steps:
                     record = behaviour_cloning(self, step)
                 else:
+                    if step == self.config.bc_steps + 1 and self.config.rl_optimizer == "fresh":
+                        self.learner.optimizer.state.clear()  # RL's updates owe nothing to cloning's
                     record = self.regime.step(step)
                 self._set_version(step)
                 record.update(step_s=round(time.perf_counter() - started, 2), cpu_idle_share=_idle_share(cpu))

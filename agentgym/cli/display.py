@@ -126,7 +126,7 @@ def families_table(results: dict[str, Any]) -> Table:
         title="per challenge (unparsed: replies that named no action; rejected: actions the env "
         "refused or did not list)"
     )
-    table.add_column("challenge", overflow="fold")
+    table.add_column("challenge", no_wrap=True)  # a name stays whole, searchable in a log
     for header in columns.values():
         table.add_column(header, min_width=len(header))  # a narrow terminal wraps names, not these
     for family, figures in results["by_family"].items():

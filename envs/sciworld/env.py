@@ -220,13 +220,16 @@ class SciWorldEnv(TextEnv):
         """Load the task into ``jvm`` and return its gold path: a known path (see
         :mod:`~agentgym.envs.sciworld.gold`) spares the engine its path search."""
         known = GOLD_PATHS.get(task_id, simplifications) if self.gold_path else None
-        search = self.gold_path and known is None
-        jvm.engine.load(name, variation, simplifications, search)
-        if not search:
+        if not self.gold_path or known is not None:
+            jvm.engine.load(name, variation, simplifications, False)
             return known or []
-        path = list(jvm.engine.getGoldActionSequence())
-        GOLD_PATHS.put(task_id, simplifications, path)
-        return path
+        with GOLD_PATHS.searching(task_id, simplifications) as found:  # another worker's search
+            jvm.engine.load(name, variation, simplifications, found is None)
+            if found is not None:
+                return found
+            path = list(jvm.engine.getGoldActionSequence())
+            GOLD_PATHS.put(task_id, simplifications, path)
+            return path
 
     def _step(self, action: str) -> Transition:
         jvm = self._acquire()

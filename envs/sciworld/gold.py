@@ -14,13 +14,18 @@ shipped paths replayed on another JVM, 399 won.)
   and keeps only the paths that win there;
 * a path searched at run time (another simplification string, or a table built for a
   different ScienceWorld version) is kept in memory, so the other episodes of an RL group
-  on the same task reuse it.
+  on the same task reuse it, and on disk (``cache_dir("sciworld-gold")``), so a server's
+  other engine workers (processes) reuse it too: one search per task and simplifications
+  per machine, the searches of one path serialised by a file lock.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import gzip
+import hashlib
 import importlib.metadata
 import json
 import logging
@@ -33,6 +38,7 @@ from pathlib import Path
 
 from rich.progress import Progress
 
+from agentgym.cache import cache_dir
 from agentgym.envs.sciworld.jvm import Jvm, JvmSettings
 from agentgym.envs.sciworld.tasks import TASK_TYPES
 
@@ -70,10 +76,14 @@ class GoldPaths:
             if simplifications == self._table_simplifications and task_id in table:
                 return _split(table[task_id])
             joined = self._searched.get((task_id, simplifications))
-            if joined is None:
-                return None
-            self._searched.move_to_end((task_id, simplifications))
-            return _split(joined)
+            if joined is not None:
+                self._searched.move_to_end((task_id, simplifications))
+                return _split(joined)
+        shared = self._shared(task_id, simplifications)  # another process searched it
+        if shared is None:
+            return None
+        self._remember(task_id, simplifications, shared)
+        return _split(shared)
 
     @property
     def searched(self) -> int:
@@ -81,11 +91,45 @@ class GoldPaths:
         return len(self._searched)
 
     def put(self, task_id: str, simplifications: str, path: list[str]) -> None:
-        """Keep a path the engine searched at run time."""
+        """Keep a path the engine searched at run time, here and for the other processes."""
+        joined = "\n".join(path)
+        self._remember(task_id, simplifications, joined)
+        target = self._shared_file(task_id, simplifications)
+        with contextlib.suppress(OSError):  # a store that cannot be written is only a cache
+            staging = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+            staging.write_text(joined)
+            os.replace(staging, target)
+
+    @contextlib.contextmanager
+    def searching(self, task_id: str, simplifications: str) -> Iterator[list[str] | None]:
+        """Held around a path search: yields the path another process found meanwhile (or
+        None: search, then :meth:`put`). One process searches a path at a time; the others
+        wait for it instead of searching too."""
+        lock_file = self._shared_file(task_id, simplifications).with_suffix(".lock")
+        with open(lock_file, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield self.get(task_id, simplifications)
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _remember(self, task_id: str, simplifications: str, joined: str) -> None:
         with self._lock:
-            self._searched[(task_id, simplifications)] = "\n".join(path)
+            self._searched[(task_id, simplifications)] = joined
             while len(self._searched) > MEMORY_PATHS:
                 self._searched.popitem(last=False)
+
+    def _shared_file(self, task_id: str, simplifications: str) -> Path:
+        folder = cache_dir("sciworld-gold") / engine_version()
+        folder.mkdir(parents=True, exist_ok=True)
+        key = hashlib.sha256(f"{task_id}\n{simplifications}".encode()).hexdigest()[:32]
+        return folder / f"{key}.txt"
+
+    def _shared(self, task_id: str, simplifications: str) -> str | None:
+        try:
+            return self._shared_file(task_id, simplifications).read_text()
+        except OSError:
+            return None
 
     def _load_table(self) -> dict[str, str]:
         if self._table is None:

@@ -92,8 +92,11 @@ class JvmSettings:
     """A background start waits until no JVM was acquired for this long (10x it at most), so
     a burst of creates does not share the cores with the JVM starts it triggered (a start
     costs seconds of CPU), and is dropped if released JVMs refilled the pool meanwhile."""
-    call_timeout_s: float = 45.0
-    """Longest single engine call (a load with gold path takes up to ~8 s alone). Below the
+    call_timeout_s: float = 15.0
+    """Longest single engine call: what a hung JVM holds its caller before the session fails
+    (was 45 s). Measured here (bench/RESULTS.md, ScienceWorld): a step's p99 is 26 ms alone
+    and 0.7-1.2 s with 16 sessions at load 12-16; the longest call, a load that searches a
+    gold path, took up to ~8 s (genetics tasks ~4 s): 15 s is about twice that. Below the
     servers' 60 s step deadline (``ServerConfig.step_deadline``), so a hung JVM fails only its
     own call and session; past the deadline the engine worker, with every session on it,
     would be killed unless :meth:`SciWorldEnv.abort` frees the call first."""
