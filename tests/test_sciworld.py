@@ -277,6 +277,7 @@ def test_a_path_searched_in_one_process_serves_the_others(tmp_path, monkeypatch)
 
 
 def test_gold_table_for_another_engine_version_is_ignored(tmp_path, caplog, monkeypatch) -> None:
+    monkeypatch.setenv("AGENTGYM_CACHE", str(tmp_path / "cache"))  # no other test's searched paths
     table = tmp_path / "gold.json.gz"
     shipped = {"scienceworld": "0.0", "simplifications": "", "paths": {"boil/0": "look around"}}
     with gzip.open(table, "wt") as file:
@@ -289,8 +290,9 @@ def test_gold_table_for_another_engine_version_is_ignored(tmp_path, caplog, monk
     for n in range(3):
         paths.put(f"boil/{n}", "easy", ["go to kitchen", f"focus on {n}"])
         paths.get("boil/0", "easy")
-    assert paths.get("boil/0", "easy") == ["go to kitchen", "focus on 0"]
-    assert paths.get("boil/1", "easy") is None and paths.get("boil/2", "easy") is not None
+    assert paths.get("boil/0", "easy") == ["go to kitchen", "focus on 0"] and paths.searched == 2
+    # boil/1 left memory (least recently used); the machine's shared store still has it
+    assert paths.get("boil/1", "easy") == ["go to kitchen", "focus on 1"] and paths.searched == 2
 
 
 def test_gold_table_build_verifies_and_resumes(tmp_path) -> None:
