@@ -39,7 +39,7 @@ from agentgym.openenv_client import env_client
 from agentgym.policies import POLICY_KINDS, Policy, make_policy
 from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
 from agentgym.run_folder import read_json_object
-from agentgym.trajectory import Trajectory, TrajectoryWriter, read_trajectories
+from agentgym.trajectory import Trajectory, TrajectoryWriter, read_jsonl, read_trajectories
 from agentgym.wire import Metadata
 
 log = logging.getLogger(__name__)
@@ -224,14 +224,10 @@ async def list_tasks(url: str, split: str, n: int | None, token: str | None = No
 
 
 def collected_tasks(path: Path, env: str) -> set[str]:
-    """The task ids of ``env`` a dataset file holds, in either format (a torn last line, a
-    crash's, is not read: the writer cuts it when the file is next opened)."""
+    """The task ids of ``env`` a dataset file holds, in either format."""
     prefix = f"{env}_"
     tasks = set()
-    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
-        if not line.endswith("\n"):
-            break
-        record = json.loads(line)
+    for record in read_jsonl(path):
         if "item_id" in record and record["item_id"].startswith(prefix):  # AgentGym's conversations
             tasks.add(record["item_id"].removeprefix(prefix))
         elif record.get("env") == env:
@@ -468,7 +464,8 @@ async def collect(
     when it did not error). AgentGym conversations cannot mark an error, so errored
     episodes are never written. ``resume``: keep ``out``'s records and play only the tasks
     it lacks (those not written before are played again). Returns ``{"episodes",
-    "written", "errored", "kept"}``, the first three counting this call's episodes."""
+    "written", "errored", "kept"}``: this call's episodes, and the split's tasks ``out``
+    already held."""
     from agentgym.trajectory import to_agentgym
 
     if output_format not in DATASET_FORMATS:
@@ -479,12 +476,12 @@ async def collect(
     plan = plan_episodes(await list_tasks(url, split, n, token), 1, split)
     if not resume:
         out.unlink(missing_ok=True)
-    kept = collected_tasks(out, env) if out.exists() else set()
-    plan = [spec for spec in plan if spec.task_id not in kept]
-    if on_plan is not None:
-        on_plan(len(plan) + len(kept), len(kept))
-    counts = Counter(episodes=0, written=0, errored=0, kept=len(kept))
-    with TrajectoryWriter(out) as writer:
+    with TrajectoryWriter(out) as writer:  # opening it cuts a torn last line, a crash's
+        kept = collected_tasks(out, env)
+        todo = [spec for spec in plan if spec.task_id not in kept]
+        if on_plan is not None:
+            on_plan(len(plan), len(plan) - len(todo))
+        counts = Counter(episodes=0, written=0, errored=0, kept=len(plan) - len(todo))
 
         def record(trajectory: Trajectory) -> None:
             counts["episodes"] += 1
@@ -495,5 +492,5 @@ async def collect(
             if on_episode is not None:
                 on_episode(trajectory)
 
-        await run_episodes(url, policy, plan, rollout, token=token, on_episode=record)
+        await run_episodes(url, policy, todo, rollout, token=token, on_episode=record)
     return dict(counts)

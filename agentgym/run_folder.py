@@ -450,7 +450,7 @@ def numeric(record: dict[str, Any]) -> dict[str, float]:
 def write_play(folder: Path, settings: dict[str, Any]) -> None:
     """Record how ``folder``'s model is played (:data:`PLAY_KEYS`, and the
     :data:`PLAY_OPTIONAL_KEYS` that ``settings`` has)."""
-    kept = [k for k in PLAY_KEYS + PLAY_OPTIONAL_KEYS if k in PLAY_KEYS or k in settings]
+    kept = [*PLAY_KEYS, *(k for k in PLAY_OPTIONAL_KEYS if k in settings)]
     _atomic_write_text(Path(folder) / PLAY_FILE, json.dumps({k: settings[k] for k in kept}, indent=1) + "\n")
 
 

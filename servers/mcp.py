@@ -395,7 +395,7 @@ class McpEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         refusal = unserved(scope)
         if refusal is None and scope["method"] == "POST":  # ids checked, and openings admitted, first
-            body, receive = await whole_body(receive)
+            body, receive = await whole_body(scope, receive)
             refusal = invalid_id(body)
         key = Request(scope).headers.get(SESSION_HEADER)
         client = self.tools.client_of(scope)

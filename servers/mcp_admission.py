@@ -30,10 +30,10 @@ from mcp_types import UNSUPPORTED_PROTOCOL_VERSION
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.requests import Request
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Message, Receive, Scope
+from starlette.types import ASGIApp, Receive, Scope
 
 from agentgym.errors import AtCapacity, MethodNotAllowed
-from agentgym.servers.middleware import error_response
+from agentgym.servers.middleware import error_response, replay
 
 INVALID_REQUEST = -32600
 SERVER_BUSY = -32000
@@ -87,27 +87,10 @@ def invalid_id(body: bytes) -> JSONResponse | None:
     return jsonrpc_error(400, INVALID_REQUEST, "Invalid Request: id must be a string or an integer")
 
 
-async def whole_body(receive: Receive) -> tuple[bytes, Receive]:
+async def whole_body(scope: Scope, receive: Receive) -> tuple[bytes, Receive]:
     """The request's body, read now, and a ``receive`` that hands it on in one message."""
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            break
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            break
-    body = b"".join(chunks)
-    sent = False
-
-    async def again() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return body, again
+    body = await Request(scope, receive).body()
+    return body, replay({"type": "http.request", "body": body, "more_body": False}, receive)
 
 
 @dataclass

@@ -105,9 +105,8 @@ def clipped_update(
     figures summed over every micro-batch and rank."""
     config, learner = trainer.config, trainer.learner
     bounds = CLIP_RULES[config.clip_rule](config, lambda: learner.prepass(minibatch, on_policy))
-    sums = torch.zeros(
-        9, device=learner.device
-    )  # Σw·H, P, N, held low, held high, tokens, ΣKL old→new, Σw, ΣKL ref
+    # Σw·H, P, N, held low, held high, tokens, ΣKL behaviour→current, Σw, ΣKL to the reference
+    sums = torch.zeros(9, device=learner.device)
     ratios: list[torch.Tensor] = []
 
     def per_token_loss(micro: TokenBatch) -> torch.Tensor:

@@ -208,15 +208,15 @@ class ChatCompletionRequest(BaseModel):
             raise CompatError(400, f"{name} {asked} is more than {why}", param=name)
         return asked
 
-    def reply_choices(self) -> list[str] | None:
+    def reply_choices(self, tools: list[dict[str, Any]]) -> list[str] | None:
         """The replies the model is held to (None: it decodes freely); CompatError where
-        the request asks for constraints it cannot combine."""
+        the request asks for constraints it cannot combine (with the ``tools`` it may call)."""
         if self.structured_outputs is not None and self.guided_choice is not None:
             raise CompatError(
                 400, "give structured_outputs.choice or guided_choice, not both", param="guided_choice"
             )
         choices = self.structured_outputs.choice if self.structured_outputs else self.guided_choice
-        if choices and self.active_tools():
+        if choices and tools:
             raise CompatError(400, "structured_outputs.choice and tools cannot be combined", param="tools")
         return choices
 
@@ -294,7 +294,7 @@ def create_openai_app(
             raise CompatError(400, "stream=true is not supported by this server", param="stream")
         body.check_supported()
         tools = body.active_tools()
-        info = {"reply_choices": allowed} if (allowed := body.reply_choices()) else {}
+        info = {"reply_choices": allowed} if (allowed := body.reply_choices(tools)) else {}
         if info and not getattr(policy, "constrains", False):
             raise CompatError(400, f"{served} cannot constrain its replies", param="structured_outputs")
         messages = [m.to_message() for m in body.messages]
@@ -304,9 +304,11 @@ def create_openai_app(
         prefix = forced_prefix(body.choice()) if tools and prompt_ids is not None else ""
         if prefix:  # the reply starts as a call: token policies continue from there
             prompt_ids = prompt_ids + policy.tokenizer.encode(prefix, add_special_tokens=False)
-        limit = body.reply_limit(len(prompt_ids), window, max_tokens) if prompt_ids is not None else None
+        # A text policy counts no tokens: no context to check, only the server's cap.
+        counted = prompt_ids is not None
+        limit = body.reply_limit(len(prompt_ids) if counted else 0, window if counted else None, max_tokens)
         requests = [GenerationRequest(messages, prompt_ids, info) for _ in range(body.n)]
-        sampling = body.sampling(limit or body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS)
+        sampling = body.sampling(limit)
         try:
             generations = await until_disconnected(request, policy.generate(requests, sampling))
         except ValueError as exc:  # the policy refused the request (e.g. an empty prompt)

@@ -96,6 +96,7 @@ class GoldPaths:
         self._remember(task_id, simplifications, joined)
         target = self._shared_file(task_id, simplifications)
         with contextlib.suppress(OSError):  # a store that cannot be written is only a cache
+            target.parent.mkdir(parents=True, exist_ok=True)
             staging = target.with_name(f".{target.name}.{os.getpid()}.tmp")
             staging.write_text(joined)
             os.replace(staging, target)
@@ -106,6 +107,7 @@ class GoldPaths:
         None: search, then :meth:`put`). One process searches a path at a time; the others
         wait for it instead of searching too."""
         lock_file = self._shared_file(task_id, simplifications).with_suffix(".lock")
+        lock_file.parent.mkdir(parents=True, exist_ok=True)
         with open(lock_file, "a") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
@@ -121,7 +123,6 @@ class GoldPaths:
 
     def _shared_file(self, task_id: str, simplifications: str) -> Path:
         folder = cache_dir("sciworld-gold") / engine_version()
-        folder.mkdir(parents=True, exist_ok=True)
         key = hashlib.sha256(f"{task_id}\n{simplifications}".encode()).hexdigest()[:32]
         return folder / f"{key}.txt"
 
