@@ -362,8 +362,8 @@ def test_a_hung_jvm_fails_its_call_after_call_timeout_s() -> None:
     """A stopped JVM held its caller 45 s before the session failed; the default is now 15 s
     (twice the longest call measured), and the setting is the env's own."""
     assert JvmSettings().call_timeout_s <= 15
-    # 6 s, not less: every call of this pool's JVMs has the limit, their warm-up loads too,
-    # and on a loaded machine those took over 2 s (a 2 s limit failed the reset, not the step)
+    # 6 s, not less: every call of this pool's JVMs has the limit, their warm-up loads too;
+    # with 2 s the test failed once in a parallel run (likely in the reset, not the step)
     with SciWorldEnv(**POOL, call_timeout_s=6.0) as env:
         env.reset(task_id="find-plant/0")
         hung = env.jvm_pid
