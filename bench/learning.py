@@ -4,6 +4,7 @@ same budget, on the same tasks and seeds, and a table of what each reached.
     python bench/learning.py                        # textworld, every arm, seeds 0 1 2
     python bench/learning.py --env search --arms bapo+scaling-inter,grpo+fixed,bc-continued
     python bench/learning.py --seeds 0 --arms bapo+scaling-inter --set steps=6
+    python bench/learning.py --arms bapo+scaling-inter,placebo --reference placebo --seeds 0 1 2 3 4 5
     python bench/learning.py --arms bapo+scaling-inter,lr-5e-4 --reference bapo+scaling-inter \
         --variant "lr-5e-4 bapo+scaling-inter rl_learning_rate=5e-4"
 
@@ -20,7 +21,10 @@ Arms share every setting (the env's defaults, as ``agentgym train --env ENV`` re
 them, plus ``--set``) and differ only as named: the algorithm, fixed horizon
 (``max_turns`` = the schedule's last round) or ScalingInter-RL, and ``bc-continued``: no
 RL, behaviour cloning continued for as long as the same seed's first RL arm spent in RL
-(its wall time over a BC step's), so the table shows whether RL beats more imitation.
+(its wall time over a BC step's), so the table shows whether RL beats more imitation; and
+``placebo``: the default RL arm with each step's advantages shuffled across its episodes
+(``shuffle_advantages``), so ``--reference placebo`` shows whether the reward signal, not
+the updates themselves, moves the model.
 A ``--variant "NAME ARM KEY=VALUE ..."`` is a further arm: ARM with those settings, for
 re-deriving one default against its runner-up. It shares the seed's cloning start, so
 its settings must be ones of the RL phase (learning rate, rounds, tasks per step), not of
@@ -38,13 +42,18 @@ interval, train success at the last RL step, the token entropy of the last updat
 wall time per run. The 95% intervals are the wider of the per-seed t over seeds and the task
 x seed cluster bootstrap (``trainers/heldout.py``, ``docs/protocol.md``); the per-episode one
 pools every task x seed as independent and is secondary. The table is also written to
-``--out/<env>/table.txt``, with ``manifest.json`` beside it (``trainers/manifest.py``).
+``--out/<env>/table.txt``, with ``manifest.json`` beside it (``trainers/manifest.py``:
+every run's per-task outcomes too). ``--save bench/results/learning/NAME`` copies what the
+tables read of each run (config, manifest, metrics without per-update lists) for git and
+rebuilds the tables from the copy alone; ``--report-only --out`` that folder prints them
+again. Runs from more than one commit are flagged: such a table is exploratory.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
 import shutil
 import statistics
 import subprocess
@@ -85,6 +94,8 @@ ARMS: dict[str, dict[str, Any]] = {
         "mode": "async",
         "clip_rule": "fixed",
     },
+    # The placebo: the default run with each step's advantages shuffled across its episodes.
+    "placebo": {"algo": "bapo", "schedule": "scaling-inter", "shuffle_advantages": True},
     BC_ARM: {},
 }
 """Arm name -> TrainConfig overrides. The first arm is the reference ``bc-continued`` is timed by."""
@@ -117,6 +128,13 @@ def main() -> None:
     parser.add_argument(
         "--report-only", action="store_true", help="print the table from finished runs; train nothing"
     )
+    parser.add_argument(
+        "--save",
+        type=Path,
+        metavar="DIR",
+        help="also copy what the tables are built from (each run's config, manifest and metrics "
+        "without per-update lists) to DIR/ENV/ARM/seed-S, for bench/results/ in git",
+    )
     args = parser.parse_args()
     known = dict(ARMS)
     for text in args.variants:
@@ -146,6 +164,9 @@ def main() -> None:
             for arm in sorted(arms, key=lambda a: a == BC_ARM):
                 train(args.out / args.env, arm, seed, base, shared, arms)
     report(args.out / args.env, list(arms), args.seeds, args.reference)
+    if args.save:
+        save_results(args.out / args.env, args.save / args.env, list(arms), args.seeds)
+        report(args.save / args.env, list(arms), args.seeds, args.reference)  # rebuilt from the copy alone
 
 
 def parse_settings(settings: list[str]) -> dict[str, Any]:
@@ -241,14 +262,12 @@ def extra_bc_steps(root: Path, arms: list[str], seed: int) -> int:
     return max(1, round(sum(rl) / statistics.median(bc)))
 
 
-PANELS = {"validation": "val_outcomes", "test": "eval_outcomes"}
-"""The tables, in order: where choices are made, then the frozen test panel."""
-
-
 def report(root: Path, arms: list[str], seeds: list[int], reference: str = BC_ARM) -> None:
     """Print the tables; write them to ``root/table.txt``, with ``root/manifest.json`` beside."""
-    tables = [build_table(root, arms, seeds, panel, reference) for panel in PANELS]
+    tables: list[Table | str] = [build_table(root, arms, seeds, panel, reference) for panel in heldout.PANELS]
     tables.append(dynamics_table(root, arms, seeds))
+    if note := commits_note(root, arms, seeds):
+        tables.append(note)
     text = Console(width=200, record=True, file=io.StringIO())
     for table in tables:
         console.print(table)
@@ -263,7 +282,7 @@ def build_table(
 ) -> Table:
     """The table of every arm's finished runs under ``root`` on ``panel`` (:data:`PANELS`),
     each paired against ``reference_arm``."""
-    key = PANELS[panel]
+    key = heldout.PANELS[panel]
     table = Table(
         title=f"held-out success on {root.name}, {panel} tasks (greedy), % [95% interval]",
         caption=CAPTION,
@@ -352,10 +371,44 @@ def dynamics_table(root: Path, arms: list[str], seeds: list[int]) -> Table:
     return table
 
 
+def commits_note(root: Path, arms: list[str], seeds: list[int]) -> str | None:
+    """A warning when the finished runs' manifests name more than one git commit: the
+    protocol compares arms run from one commit, so such a table is exploratory."""
+    commits = {
+        _run_manifest(folder).get("git_commit") or "unknown"
+        for arm in arms
+        for s in seeds
+        if finished(folder := run_dir(root, arm, s))
+    }
+    if len(commits) < 2:
+        return None
+    named = ", ".join(sorted(c[:12] for c in commits))
+    return f"[bold red]The runs come from {len(commits)} commits ({named}): exploratory, not under the protocol.[/]"
+
+
+def save_results(root: Path, dest: Path, arms: list[str], seeds: list[int]) -> None:
+    """Copy what the tables read of each finished run under ``root`` to ``dest``, in the same
+    layout: its config and manifest, and its metrics without the per-update lists
+    (``updates``: most of the file), so ``--report-only --out`` the copy rebuilds them."""
+    for arm in arms:
+        for seed in seeds:
+            source, target = run_dir(root, arm, seed), run_dir(dest, arm, seed)
+            if not finished(source):
+                continue
+            target.mkdir(parents=True, exist_ok=True)
+            for name in ("config.yaml", manifest.MANIFEST_FILE):
+                if (source / name).exists():
+                    shutil.copy2(source / name, target / name)
+            records = [{k: v for k, v in r.items() if k != "updates"} for r in _records(source)]
+            (target / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    console.print(f"saved the finished runs' configs, manifests and metrics under {dest}")
+
+
 def bench_manifest(root: Path, arms: list[str], seeds: list[int]) -> dict[str, Any]:
     """The manifest of the table: the test tasks and seeds of the finished runs, the model's
     sha256 (from the runs' own manifests, else the local model folder the config names), the
-    generator, and each arm's config as its first finished run saved it."""
+    generator, each arm's config as its first finished run saved it, and each run's per-task
+    outcomes at every held-out evaluation (``ARM/seed-S``: panel -> step -> task -> 1/0)."""
     folders = [run_dir(root, arm, s) for arm in arms for s in seeds if finished(run_dir(root, arm, s))]
     configs = {folder.parent.name: _config(folder) for folder in reversed(folders)}  # the first seed wins
     tasks = sorted({task for folder in folders for task in _final_outcomes(folder)})
@@ -369,6 +422,9 @@ def bench_manifest(root: Path, arms: list[str], seeds: list[int]) -> dict[str, A
         model_sha256=hashes.pop() if len(hashes) == 1 else None,  # None: no model, or runs disagree
         generator=", ".join(generators) or None,
         config={arm: configs[arm] for arm in arms if arm in configs},
+        outcomes={
+            f"{folder.parent.name}/{folder.name}": heldout.evaluations(_records(folder)) for folder in folders
+        },
     )
 
 

@@ -21,7 +21,7 @@ from agentgym.trainers.batch import TokenBatch, allowed_tokens, collate
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.distributed import DataParallel
 from agentgym.trainers.learner import Learner
-from agentgym.trainers.update import clipped_update
+from agentgym.trainers.update import carrying_gradient, clipped_update
 
 COMMANDS = ["go north", "go east", "take the rusty key", "open door"]
 
@@ -94,7 +94,7 @@ def test_allowed_tokens_follow_the_reply_through_its_choices() -> None:
         allowed_tokens([1, 7, 2], [0, 1, 1], [[], []])
 
 
-def forced_end_batch(learner: Learner) -> TokenBatch:
+def forced_end_batch(learner: Learner, advantages: tuple[float, ...] = (1.0, -1.0, 1.0, -1.0)) -> TokenBatch:
     """Episodes whose constrained reply ends on a forced token (the end id 2, the only one
     allowed once a command is complete), behaviour log-probs from the current weights."""
     choices = [[7, 8, 2], [7, 9, 2], [6, 2]]
@@ -107,7 +107,7 @@ def forced_end_batch(learner: Learner) -> TokenBatch:
         }
         for reply in ([7, 8, 2], [6, 2], [7, 9, 2], [6, 2])
     ]
-    batch = collate(records, [1.0, -1.0, 1.0, -1.0], pad_id=0)
+    batch = collate(records, list(advantages), pad_id=0)
     with torch.no_grad():
         batch.old_logp = learner.logprobs(batch)[0] * batch.loss_mask
     return batch
@@ -146,3 +146,50 @@ def test_rl_keeps_the_forced_end_token_likely_without_the_mask_only_with_its_ter
     gain = free_end_logp() - before
     print(f"\nforced_end_coef {coef}: free log-prob of the forced end {before:.3f} -> {before + gain:.3f}")
     assert gain > 0.5 if coef else abs(gain) < 0.1
+
+
+def update_context(config: TrainConfig, learner: Learner) -> SimpleNamespace:
+    """What ``clipped_update`` reads of a trainer."""
+    return SimpleNamespace(config=config, learner=learner, dp=DataParallel(), version=0)
+
+
+def test_zero_advantage_episodes_carry_no_forced_end_term_so_leaving_them_out_is_exact(
+    tiny_model_dir: Path,
+) -> None:
+    """One rule for zero-advantage episodes under every algorithm: they carry the KL and
+    entropy terms only. The forced-end term rides on the episodes with an advantage, so the
+    update that leaves the others out (no KL, no entropy) trains the very same loss."""
+    config = TrainConfig(model=str(tiny_model_dir), temperature=1.0, forced_end_coef=1.0)
+    figures = []
+    for prune in (False, True):
+        torch.manual_seed(0)
+        learner = Learner(config, HFPolicy(str(tiny_model_dir)), DataParallel())
+        minibatch = forced_end_batch(learner, (1.0, 0.0, -1.0, 0.0)).weighted("token-mean")
+        if prune:
+            minibatch, left_out = carrying_gradient(minibatch)
+            assert left_out == 2
+        loss = clipped_update(update_context(config, learner), minibatch, kl_coef=0.0)["loss"]
+        figures.append((loss, torch.cat([p.grad.flatten() for p in learner.trainable])))
+    (loss, grads), (pruned_loss, pruned_grads) = figures
+    assert grads.abs().sum() > 0
+    assert pruned_loss == pytest.approx(loss, abs=1e-6)
+    assert torch.allclose(grads, pruned_grads, atol=1e-7)
+
+
+def test_entropy_is_reported_over_free_tokens_with_the_share_of_forced_ones(tiny_model_dir: Path) -> None:
+    """A forced token has entropy 0 under the mask whatever the model: averaged in, it read as
+    a collapse. The figure (and the collapse guard reading it) covers the free tokens."""
+    torch.manual_seed(0)
+    config = TrainConfig(model=str(tiny_model_dir), temperature=1.0)
+    learner = Learner(config, HFPolicy(str(tiny_model_dir)), DataParallel())
+    minibatch = forced_end_batch(learner).weighted("token-mean")
+    agent = minibatch.loss_mask.bool()
+    forced = ((minibatch.allowed >= 0).sum(-1) == 1) & agent
+    with torch.no_grad():
+        entropy = learner.logprobs(minibatch, with_entropy=True)[1]
+    free = agent & ~forced
+    figures = clipped_update(update_context(config, learner), minibatch, kl_coef=0.0)
+    assert int(forced.sum()) == 4 and int(agent.sum()) == 10  # each reply's end token
+    assert figures["forced_token_share"] == pytest.approx(0.4)
+    assert figures["entropy"] == pytest.approx(float(entropy[free].mean()), rel=1e-4)
+    assert figures["entropy"] > float(entropy[agent].mean()) * 1.5  # what it read before

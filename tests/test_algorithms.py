@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
@@ -23,10 +24,12 @@ from agentgym.trainers.algorithms import (
     positive_share,
     reinforce_pp_advantages,
     rloo_advantages,
+    shuffled_advantages,
     token_weights,
     weighted_nll,
 )
 from agentgym.trainers.batch import collate, token_record
+from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.registry import ADVANTAGE_ESTIMATORS
 from agentgym.trainers.schedules import FixedHorizon, ScalingInterHorizon
 from agentgym.trajectory import Trajectory
@@ -65,6 +68,33 @@ def test_reinforce_pp_advantages_by_hand() -> None:
 
 def test_dynamic_sampling_drops_groups_with_equal_rewards() -> None:
     assert dynamic_sampling_keep(REWARDS, GROUPS).tolist() == [True, True, True, True, False, False]
+
+
+def test_the_placebo_hands_the_same_advantages_to_random_slots() -> None:
+    """Every value kept, each episode's shape kept (one number, or one per turn), the order
+    a seeded shuffle's: the placebo arm's update has the size and spread of the real one."""
+    advantages = [1.5, -0.5, [0.25, -1.0, 2.0], 0.0, [3.0], -2.0, 0.75, -0.25]
+    shuffled = shuffled_advantages(advantages, random.Random(0))
+    flat = [v for a in shuffled for v in (a if isinstance(a, list) else [a])]
+    assert sorted(flat) == sorted([-1.0, 2.0, 3.0, 0.25, *[a for a in advantages if isinstance(a, float)]])
+    assert [len(a) if isinstance(a, list) else None for a in shuffled] == [
+        None,
+        None,
+        3,
+        None,
+        1,
+        None,
+        None,
+        None,
+    ]
+    assert shuffled != advantages
+    assert shuffled == shuffled_advantages(advantages, random.Random(0))
+
+
+def test_the_placebo_is_refused_where_there_are_no_advantages_to_shuffle() -> None:
+    with pytest.raises(ValueError, match=r"shuffle_advantages .* not agentevol"):
+        TrainConfig(algo="agentevol", shuffle_advantages=True)
+    assert TrainConfig(algo="bapo", shuffle_advantages=True).shuffle_advantages
 
 
 def test_aggregation_modes_by_hand() -> None:

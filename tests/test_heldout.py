@@ -9,6 +9,7 @@ import hashlib
 import importlib.util
 import json
 import re
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -208,6 +209,7 @@ def test_the_trainer_prints_the_table_and_writes_the_manifest(
     assert written["tasks"] == sorted(before) and written["seeds"] == [7] and written["generator"] == "hf"
     assert written["model_sha256"] == ModelSource("tiny", str(model)).describe()["sha256"]
     assert written["config"]["seed"] == 7 and written["config"]["bc_steps"] == 2
+    assert written["outcomes"] == {"validation": {}, "test": {"2": before, "3": after}}
 
 
 def test_a_manifest_holds_every_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -360,3 +362,49 @@ def test_a_variant_arm_is_paired_against_the_reference_arm(tmp_path: Path, monke
         monkeypatch.setattr("sys.argv", [*argv, "--variant", bad])
         with pytest.raises(SystemExit):  # refused before any run
             bench.main()
+
+
+def test_the_tables_rebuild_from_the_saved_copy_alone_and_mixed_commits_are_flagged(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """``--save DIR`` copies what the tables read (config, manifest, metrics without the
+    per-update lists); ``--report-only --out DIR`` on that copy alone prints the same tables,
+    and the manifest beside them holds every run's per-task outcomes. Arms from two commits
+    are called exploratory."""
+    bench = load_bench()
+    runs, saved = tmp_path / "runs", tmp_path / "saved"
+    for seed, k in enumerate((1, 2, 3)):
+        before, after = run_with_gain(2, 2 + k)
+        for arm, bc_steps, steps, end in (("bapo+scaling-inter", 2, 2, after), (bench.BC_ARM, 4, 0, before)):
+            folder = bench.run_dir(runs / "textworld", arm, seed)
+            fake_run(folder, bc_steps, steps, before, end, sha=None)
+            records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+            records[-1]["updates"] = [{"loss": 1.0}] * 50  # per-update lists: the copy leaves them out
+            (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+            (folder / manifest.MANIFEST_FILE).write_text(json.dumps({"git_commit": "c0ffee" * 7}))
+    argv = [
+        "learning.py",
+        "--seeds",
+        "0",
+        "1",
+        "2",
+        "--report-only",
+        "--arms",
+        f"bapo+scaling-inter,{bench.BC_ARM}",
+    ]
+    monkeypatch.setattr("sys.argv", [*argv, "--out", str(runs), "--save", str(saved)])
+    bench.main()
+    original = (runs / "textworld" / bench.TABLE_FILE).read_text()
+    assert "exploratory" not in original
+    copy = bench.run_dir(saved / "textworld", "bapo+scaling-inter", 0)
+    assert sorted(p.name for p in copy.iterdir()) == ["config.yaml", "manifest.json", "metrics.jsonl"]
+    assert "updates" not in (copy / "metrics.jsonl").read_text()
+    shutil.rmtree(runs)
+    monkeypatch.setattr("sys.argv", [*argv, "--out", str(saved)])
+    bench.main()
+    assert (saved / "textworld" / bench.TABLE_FILE).read_text() == original
+    outcomes = json.loads((saved / "textworld" / manifest.MANIFEST_FILE).read_text())["outcomes"]
+    assert outcomes["bapo+scaling-inter/seed-1"]["test"]["4"] == run_with_gain(2, 4)[1]
+    (copy / manifest.MANIFEST_FILE).write_text(json.dumps({"git_commit": "beef" * 10}))
+    bench.main()
+    assert "2 commits" in (saved / "textworld" / bench.TABLE_FILE).read_text()

@@ -21,7 +21,8 @@ searches the bounds at every update (:func:`bapo_bounds`). See docs/algorithms/.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -96,6 +97,19 @@ def step_advantages(
         out.append(flat[start : start + len(episode)])
         start += len(episode)
     return out
+
+
+def shuffled_advantages(
+    advantages: Sequence[float | Sequence[float]], rng: random.Random
+) -> list[float | list[float]]:
+    """The placebo's advantages (``TrainConfig.shuffle_advantages``): every value of the
+    batch (one per episode, or one per agent turn) handed to a random slot of the same
+    batch, each episode keeping its shape. The update keeps its size, its share of zero
+    advantages and its value distribution; what the reward says of each episode is gone."""
+    pool = [v for a in advantages for v in (a if isinstance(a, Sequence) else [a])]
+    rng.shuffle(pool)
+    values = iter(pool)
+    return [[next(values) for _ in a] if isinstance(a, Sequence) else next(values) for a in advantages]
 
 
 def dynamic_sampling_keep(rewards: Tensor, group_ids: Tensor) -> Tensor:

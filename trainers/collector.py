@@ -23,7 +23,7 @@ import torch
 from agentgym.policies.base import SamplingParams
 from agentgym.policies.runs import RUN_CONFIG, played_by, run_of
 from agentgym.rollout import EpisodeSpec, RolloutConfig
-from agentgym.trainers.algorithms import dynamic_sampling_keep
+from agentgym.trainers.algorithms import dynamic_sampling_keep, shuffled_advantages
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.distributed import DataParallel
 from agentgym.trainers.generators import Generator
@@ -129,6 +129,9 @@ class Collector:
             self.groups.add(more)
             fresh += self._group_samples(self.groups.take_complete())
         self.record(step, episodes)
+        if self.config.shuffle_advantages:  # the placebo arm
+            shuffled = shuffled_advantages([s.advantage for s in fresh], random.Random(self._seed(step)))
+            fresh = [dataclasses.replace(s, advantage=a) for s, a in zip(fresh, shuffled, strict=True)]
         samples, figures = self._with_replay(step, version, fresh)
         return episodes, samples, {"rollout_s": round(seconds, 2), **figures}
 

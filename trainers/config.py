@@ -251,7 +251,8 @@ class TrainConfig:
     constrained reply's forced last token (the end token after a complete command, the only
     one allowed there). Its masked log-prob is 0, so RL never trains it, and the model would
     forget to end a reply outside the constrained decoder (exported, served). Counted on the
-    episodes an update runs (those with a non-zero advantage). Small, because on a model that
+    episodes with a non-zero advantage, under every algorithm (a KL term that keeps the
+    others in the update does not add it there). Small, because on a model that
     has not learned to stop (no cloning) the term is large (-log p(end) near 4.6 a reply) and
     competes with the RL gradient. 0: off; free text has none."""
     dynamic_sampling: bool | None = None
@@ -259,6 +260,11 @@ class TrainConfig:
     ``max_refills`` rounds per step (DAPO). None: the algorithm's (dapo: on, else off)."""
     max_refills: int = 3
     """Dynamic sampling: extra rounds of groups per step at most, to refill the batch."""
+    shuffle_advantages: bool = False
+    """A placebo: each step's advantages permuted across its episodes before the update (the
+    same values, handed out at random), so the run makes updates of the same size and shape
+    with none of the reward's information. RL minus placebo says whether the reward signal,
+    not the updates themselves, moves the model (``bench/learning.py``'s ``placebo`` arm)."""
 
     # ----- the behaviour-cloning warm start (and AgentEvol's first stage) ----------------
     bc_steps: int = 16

@@ -108,17 +108,23 @@ def _off_policy_problems(config: Any) -> list[str]:
     return problems
 
 
-def on_policy_only(config: Any) -> list[str]:
-    """A regime that learns from fresh samples of the current policy only."""
+def clipped_family_only(config: Any) -> list[str]:
+    """A regime outside the clipped-ratio family: it learns from fresh samples of the current
+    policy only, and has no advantages to shuffle."""
     off_policy = (
         config.mode == "async" or config.replay_ratio > 0 or config.partial_rollout_tokens is not None
     )
-    if not off_policy:
-        return []
-    return [
-        f"{config.algo} trains in mode: sync without replay or partial rollouts "
-        "(async, replay_ratio and partial_rollout_tokens are for the clipped-ratio algorithms)"
-    ]
+    problems = []
+    if off_policy:
+        problems.append(
+            f"{config.algo} trains in mode: sync without replay or partial rollouts "
+            "(async, replay_ratio and partial_rollout_tokens are for the clipped-ratio algorithms)"
+        )
+    if config.shuffle_advantages:
+        problems.append(
+            f"shuffle_advantages (the placebo) is for the clipped-ratio algorithms, not {config.algo}"
+        )
+    return problems
 
 
 def _regime_problems(config: Any) -> list[str]:

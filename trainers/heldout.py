@@ -282,6 +282,18 @@ def summarise(
 # ----- before and after RL -------------------------------------------------------------
 
 
+PANELS = {"validation": "val_outcomes", "test": "eval_outcomes"}
+"""Held-out panel -> the metrics records' key of its per-task outcomes (task id -> 1/0):
+where choices are made, then the frozen test panel."""
+
+
+def evaluations(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Every held-out evaluation of a run: panel -> step -> task id -> outcome."""
+    return {
+        panel: {str(r["step"]): dict(r[key]) for r in records if r.get(key)} for panel, key in PANELS.items()
+    }
+
+
 def outcomes_by_phase(
     records: Iterable[Mapping[str, Any]], key: str = "eval_outcomes"
 ) -> tuple[dict[str, float], dict[str, float]]:

@@ -200,8 +200,9 @@ class Trainer:
     def _report_before_after(self) -> None:
         """Print and save held-out success after behaviour cloning and after RL, and the
         run's manifest beside them (rank 0)."""
-        before, after = heldout.outcomes_by_phase(self.metrics.read())
-        self._write_manifest(sorted(before.keys() | after.keys()))
+        records = self.metrics.read()
+        before, after = heldout.outcomes_by_phase(records)
+        self._write_manifest(sorted(before.keys() | after.keys()), heldout.evaluations(records))
         if not before or not after:
             return  # no RL step: nothing to compare
         result = heldout.compare([(before, after)])
@@ -217,7 +218,7 @@ class Trainer:
             table.add_row(label, claim, per_episode)
         make_console().print(table)
 
-    def _write_manifest(self, tasks: list[str]) -> None:
+    def _write_manifest(self, tasks: list[str], outcomes: dict[str, Any]) -> None:
         """``manifest.json`` in the run folder (``trainers/manifest.py``); never fails the run."""
         try:
             source = getattr(getattr(self.learner, "policy", None), "source", None)
@@ -227,6 +228,7 @@ class Trainer:
                 model_sha256=manifest.source_sha256(source),
                 generator=self.config.generator,
                 config=self.config.to_dict(),
+                outcomes=outcomes,
             )
             manifest.write_manifest(self.run_dir.path, record)
         except Exception as exc:

@@ -3,8 +3,8 @@
 The trainer writes one into the run folder beside ``heldout.json`` at the end of a run;
 ``bench/learning.py`` writes one beside its table. Fields (:data:`FIELDS`): the test task
 ids, the seeds, the git commit of this code (None outside a git checkout), the model's
-sha256, the generator, the torch, transformers and Python versions, and the config as the
-trainer saves it. Nothing here may fail a run: what cannot be found is None.
+sha256, the generator, the torch, transformers and Python versions, the config as the
+trainer saves it, and the per-task outcomes of every held-out evaluation. Nothing here may fail a run: what cannot be found is None.
 
 The model's sha256 is the one ``agentgym eval`` records in ``results.json``
 (:meth:`agentgym.policies.models.ModelSource.describe`): over the names and sha256 of the
@@ -38,6 +38,7 @@ FIELDS = (
     "transformers",
     "python",
     "config",
+    "outcomes",
 )
 """The keys of every manifest, in order."""
 
@@ -52,9 +53,12 @@ def build_manifest(
     model_sha256: str | None,
     generator: str | None,
     config: Mapping[str, Any] | None,
+    outcomes: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A manifest with every key of :data:`FIELDS`; the code's commit and the library
-    versions are looked up here."""
+    versions are looked up here. ``outcomes``: each held-out evaluation's per-task outcomes
+    (a run's: panel -> step -> task -> 1/0, :func:`~agentgym.trainers.heldout.evaluations`),
+    so a table can be recomputed from manifests alone."""
     return {
         "tasks": list(tasks),
         "seeds": list(seeds),
@@ -65,6 +69,7 @@ def build_manifest(
         "transformers": package_version("transformers"),
         "python": platform.python_version(),
         "config": dict(config) if config is not None else None,
+        "outcomes": dict(outcomes) if outcomes is not None else None,
     }
 
 

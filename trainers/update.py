@@ -90,11 +90,17 @@ def carrying_gradient(minibatch: TokenBatch) -> tuple[TokenBatch, int]:
     this), so it is not run forward and backward: on a CPU that halves steps where whole
     groups agree. When no row carries gradient one stays, so the optimizer steps as it
     would have (Adam's momentum still moves the weights)."""
-    carries = (minibatch.advantages != 0).any(dim=1)
+    carries = carries_advantage(minibatch).squeeze(1)
     if not carries.any():
         carries[minibatch.by_length()[0]] = True
     kept = carries.nonzero().squeeze(1)
     return minibatch.select(kept), len(minibatch) - len(kept)
+
+
+def carries_advantage(batch: TokenBatch) -> torch.Tensor:
+    """``[B, 1]`` bool: the rows whose advantage is non-zero on some token. Zero-advantage
+    rows carry only the KL and entropy terms (docs/algorithms/grpo.md, "The loss")."""
+    return (batch.advantages != 0).any(dim=1, keepdim=True)
 
 
 def clipped_update(
@@ -105,8 +111,8 @@ def clipped_update(
     figures summed over every micro-batch and rank."""
     config, learner = trainer.config, trainer.learner
     bounds = CLIP_RULES[config.clip_rule](config, lambda: learner.prepass(minibatch, on_policy))
-    # Σw·H, P, N, held low, held high, tokens, ΣKL behaviour→current, Σw, ΣKL to the reference
-    sums = torch.zeros(9, device=learner.device)
+    # Σw·H, P, N, held low, held high, tokens, ΣKL behaviour→current, Σw, ΣKL to the reference, forced
+    sums = torch.zeros(10, device=learner.device)
     ratios: list[torch.Tensor] = []
 
     def per_token_loss(micro: TokenBatch) -> torch.Tensor:
@@ -121,7 +127,10 @@ def clipped_update(
         )
         # The end token the constrained decoder forced after a complete command carries no RL
         # gradient; without this term the model loses the habit of ending a reply by itself and
-        # runs on outside the decoder (`take iron take iron ...`; bench/RESULTS.md).
+        # runs on outside the decoder (`take iron take iron ...`; bench/RESULTS.md). It rides on
+        # the episodes the surrogate trains (a non-zero advantage), under every algorithm, so
+        # leaving the others out (`carrying_gradient`) never changes the loss.
+        forced_end_logp = forced_end_logp * carries_advantage(micro)
         loss = loss - config.entropy_coef * entropy - config.forced_end_coef * forced_end_logp
         kl_ref = kl_k3(logp, learner.reference_logprobs(micro)) if kl_coef else torch.zeros_like(logp)
         loss = loss + kl_coef * kl_ref
@@ -132,9 +141,18 @@ def clipped_update(
         return loss
 
     loss = learner.optimize(minibatch, per_token_loss)
-    weighted_entropy, positive, negative, held_low, held_high, tokens, kl_drift, weight, kl_ref_sum = (
-        trainer.dp.sum(sums).tolist()
-    )
+    (
+        weighted_entropy,
+        positive,
+        negative,
+        held_low,
+        held_high,
+        tokens,
+        kl_drift,
+        weight,
+        kl_ref_sum,
+        forced,
+    ) = trainer.dp.sum(sums).tolist()
     entropy = weighted_entropy / weight if weight else 0.0
     return {
         **bound_figures(bounds, positive, negative),
@@ -143,6 +161,7 @@ def clipped_update(
         "approx_kl": kl_drift / max(tokens, 1),
         **({"kl_ref": kl_ref_sum / max(tokens, 1)} if kl_coef else {}),
         "entropy": entropy,
+        "forced_token_share": forced / max(tokens, 1),
         **_ratio_figures(trainer.dp.gather(ratios)),
         "loss": loss,
         "grad_norm": learner.grad_norm,
@@ -178,17 +197,22 @@ def update_sums(
 ) -> torch.Tensor:
     """A micro-batch's share of an update's figures, as sums that add up over micro-batches
     and ranks: ``[Σw·H, P, N, held at c_low, held at c_high, agent tokens, Σ KL(behaviour ‖
-    current), Σw, Σ KL(current ‖ reference)]``. Both KLs are k3 estimates (``r - 1 - log r``
-    per token: never negative, unlike the mean log-ratio, k1)."""
+    current), Σw, Σ KL(current ‖ reference), forced tokens]``. Both KLs are k3 estimates
+    (``r - 1 - log r`` per token: never negative, unlike the mean log-ratio, k1). The
+    entropy is over free tokens only (``w`` there): a token the constrained decoder forced
+    has entropy 0 whatever the model, and counting it would read as a collapse."""
     mask = micro.loss_mask
+    forced = ((micro.allowed >= 0).sum(-1) == 1) & mask.bool()
+    free_weight = micro.token_weight * ~forced
     return torch.cat(
         [
-            (entropy * micro.token_weight).sum()[None],
+            (entropy * free_weight).sum()[None],
             balance(ratio, micro.advantages, mask, bounds.low, bounds.high),
             clip_fractions(ratio, micro.advantages, mask, bounds.low, bounds.high),
             (kl_k3(micro.old_logp, logp) * mask).sum()[None],
-            micro.token_weight.sum()[None],
+            free_weight.sum()[None],
             (kl_ref * mask).sum()[None],
+            forced.sum()[None],
         ]
     )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from agentgym.trainers.config_checks import on_policy_only
+from agentgym.trainers.config_checks import clipped_family_only
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class AgentEvolSettings:
 
     def problems(self, config: Any) -> list[str]:
         """What stops ``config`` from running AgentEvol."""
-        problems = on_policy_only(config)
+        problems = clipped_family_only(config)
         if self.iterations < 0:
             problems.append("agentevol.iterations must be at least 0 (0: behaviour cloning only)")
         return problems

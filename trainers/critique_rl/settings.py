@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 from agentgym.errors import AgentGymError
 from agentgym.problems import answer_key
-from agentgym.trainers.config_checks import on_policy_only
+from agentgym.trainers.config_checks import clipped_family_only
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class CritiqueRLSettings:
 
     def problems(self, config: Any) -> list[str]:
         """What stops ``config`` from training a critic."""
-        problems = on_policy_only(config)
+        problems = clipped_family_only(config)
         try:
             answer_key(config.env)
         except (AgentGymError, ValueError) as exc:
