@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from agentgym.rollout import RolloutConfig
     from agentgym.trajectory import Trajectory
 
+SPLIT_HELP = "Task split: train, validation (or dev), test, or another the env lists (textworld: ood)."
+
 
 T = TypeVar("T")
 commands = typer.Typer()
@@ -153,7 +155,7 @@ EpisodeCallbacks = tuple[Callable[[int, int], None], Callable[["Trajectory"], No
 def evaluate_policy(
     env: Annotated[str, typer.Option(help="Environment to evaluate on (see `agentgym envs`).")],
     policy: PolicyOpt = "hf",
-    split: Annotated[str, typer.Option(help="Task split: train, validation (or dev) or test.")] = "test",
+    split: Annotated[str, typer.Option(help=SPLIT_HELP)] = "test",
     model: ModelOpt = None,
     base_url: BaseUrlOpt = None,
     api_key: ApiKeyOpt = None,
@@ -407,7 +409,7 @@ def collect(
     env: Annotated[str, typer.Option(help="Environment to play (see `agentgym envs`).")],
     out: Annotated[Path, typer.Option(help="Dataset file to write (JSONL; replaced unless --resume).")],
     policy: PolicyOpt = "expert",
-    split: Annotated[str, typer.Option(help="Task split: train, validation (or dev) or test.")] = "train",
+    split: Annotated[str, typer.Option(help=SPLIT_HELP)] = "train",
     output_format: Annotated[
         str, typer.Option("--format", help="trajectory (our records) or agentgym (AgentGym conversations).")
     ] = "trajectory",

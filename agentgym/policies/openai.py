@@ -7,8 +7,10 @@ agent format: each request carries ``tools`` (one function per action type of th
 the env lists, :mod:`agentgym.agents.tools`) and ``tool_choice: "required"``; earlier turns
 go back as assistant ``tool_calls`` answered by ``tool`` messages (the observations).
 A request whose ``info["reply_choices"]`` lists the only replies allowed (a constrained
-rollout) sends them as vLLM's ``structured_outputs: {"choice": [...]}``: ``serve-model``
-enforces them token for token as the trainer does, vLLM's server by its own choice backend.
+rollout) sends them as vLLM's ``structured_outputs: {"choice": [...]}``, which ``serve-model``
+enforces token for token as the trainer does, and in ``vllm_xargs`` for a ``vllm serve``
+started with our logits processor (:mod:`agentgym.policies.vllm_choices`), which does the
+same there; a vLLM server without it holds the reply by its own choice backend.
 Each request is one HTTP call; at most ``concurrency`` are in flight. 429, 5xx and
 connection errors are retried with exponential backoff (honouring ``Retry-After``);
 other errors raise :class:`OpenAIError` at once.
@@ -26,6 +28,7 @@ import httpx
 
 from agentgym.agents.tools import ActionTools
 from agentgym.policies.base import Generation, GenerationRequest, Message, SamplingParams
+from agentgym.policies.vllm import CHOICE_TEXTS_ARG
 
 RETRY_STATUSES = frozenset({408, 409, 429})
 """Besides every 5xx, the statuses OpenAI's own client retries: timeout, conflict, rate limit."""
@@ -123,7 +126,11 @@ class OpenAIPolicy:
         if tools:
             body |= {"tools": tools.schemas(), "tool_choice": "required", "parallel_tool_calls": False}
         elif choices:
+            # serve-model reads the first; a vLLM server started with our logits processor
+            # holds the reply to the trainer's tokenization by the second (its own choice
+            # backend, which the first asks for, allows any tokenization that spells one).
             body["structured_outputs"] = {"choice": list(choices)}
+            body["vllm_xargs"] = {CHOICE_TEXTS_ARG: list(choices)}
         return body
 
     async def _complete(self, request: GenerationRequest, sampling: SamplingParams) -> Generation:

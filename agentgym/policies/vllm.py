@@ -163,6 +163,9 @@ class VLLMPolicy:
 
 CHOICES_ARG = "reply_choices"
 """``vllm.SamplingParams.extra_args`` key the choice processor reads (token-id lists)."""
+CHOICE_TEXTS_ARG = "agentgym_choices"
+"""The key of the replies allowed as text, which the processor tokenizes: what a client of
+``vllm serve`` sends in ``vllm_xargs`` (flat values only)."""
 CHOICE_PROCESSOR = "agentgym.policies.vllm_choices:ChoiceLogitsProcessor"
 """Loaded by name in the engine process, which imports vLLM (this module does so lazily)."""
 
