@@ -388,17 +388,20 @@ def commits_note(root: Path, arms: list[str], seeds: list[int]) -> str | None:
 
 def save_results(root: Path, dest: Path, arms: list[str], seeds: list[int]) -> None:
     """Copy what the tables read of each finished run under ``root`` to ``dest``, in the same
-    layout: its config and manifest, and its metrics without the per-update lists
-    (``updates``: most of the file), so ``--report-only --out`` the copy rebuilds them."""
+    layout: its config and manifest, its final evaluations' per-task successes
+    (``bench/pass_at_k.py``), and its metrics without the per-update lists (``updates``: most
+    of the file), so ``--report-only --out`` the copy rebuilds the tables."""
     for arm in arms:
         for seed in seeds:
             source, target = run_dir(root, arm, seed), run_dir(dest, arm, seed)
             if not finished(source):
                 continue
             target.mkdir(parents=True, exist_ok=True)
-            for name in ("config.yaml", manifest.MANIFEST_FILE):
-                if (source / name).exists():
-                    shutil.copy2(source / name, target / name)
+            kept = [source / "config.yaml", source / manifest.MANIFEST_FILE]
+            for path in [*kept, *source.glob("final-eval/*/outcomes.json")]:  # bench/pass_at_k.py's
+                if path.exists():
+                    (target / path.relative_to(source)).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(path, target / path.relative_to(source))
             records = [{k: v for k, v in r.items() if k != "updates"} for r in _records(source)]
             (target / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     console.print(f"saved the finished runs' configs, manifests and metrics under {dest}")

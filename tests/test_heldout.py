@@ -382,6 +382,9 @@ def test_the_tables_rebuild_from_the_saved_copy_alone_and_mixed_commits_are_flag
             records[-1]["updates"] = [{"loss": 1.0}] * 50  # per-update lists: the copy leaves them out
             (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
             (folder / manifest.MANIFEST_FILE).write_text(json.dumps({"git_commit": "c0ffee" * 7}))
+            (folder / "final-eval" / "ood").mkdir(parents=True)  # bench/pass_at_k.py's, and its trajectories
+            (folder / "final-eval" / "ood" / "outcomes.json").write_text('{"a": [1, 0]}')
+            (folder / "final-eval" / "ood" / "trajectories.jsonl").write_text("{}\n")
     argv = [
         "learning.py",
         "--seeds",
@@ -397,7 +400,13 @@ def test_the_tables_rebuild_from_the_saved_copy_alone_and_mixed_commits_are_flag
     original = (runs / "textworld" / bench.TABLE_FILE).read_text()
     assert "exploratory" not in original
     copy = bench.run_dir(saved / "textworld", "bapo+scaling-inter", 0)
-    assert sorted(p.name for p in copy.iterdir()) == ["config.yaml", "manifest.json", "metrics.jsonl"]
+    assert sorted(p.name for p in copy.iterdir()) == [
+        "config.yaml",
+        "final-eval",
+        "manifest.json",
+        "metrics.jsonl",
+    ]
+    assert [p.name for p in (copy / "final-eval" / "ood").iterdir()] == ["outcomes.json"]
     assert "updates" not in (copy / "metrics.jsonl").read_text()
     shutil.rmtree(runs)
     monkeypatch.setattr("sys.argv", [*argv, "--out", str(saved)])
@@ -408,3 +417,35 @@ def test_the_tables_rebuild_from_the_saved_copy_alone_and_mixed_commits_are_flag
     (copy / manifest.MANIFEST_FILE).write_text(json.dumps({"git_commit": "beef" * 10}))
     bench.main()
     assert "2 commits" in (saved / "textworld" / bench.TABLE_FILE).read_text()
+
+
+def test_pass_at_k_tables_read_each_runs_final_evaluation(tmp_path: Path, monkeypatch) -> None:
+    """``bench/pass_at_k.py``: mean@k, pass@4 and pass@k per task (unbiased) over task x seed,
+    paired per task against the reference arm; a run not evaluated on a panel says so."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location("bench_pass_at_k", ROOT / "bench" / "pass_at_k.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    root = tmp_path / "textworld"
+    samples = {  # task -> successes of 8 samples, per arm (the same in every seed)
+        "bapo+scaling-inter": {"a": [1] * 8, "b": [1, 0, 0, 0, 0, 0, 0, 0], "c": [0] * 8},
+        "bc-continued": {"a": [1, 1, 0, 0, 0, 0, 0, 0], "b": [0] * 8, "c": [0] * 8},
+    }
+    for seed in (0, 1):
+        for arm, successes in samples.items():
+            folder = bench.run_dir(root, arm, seed)
+            fake_run(folder, 2, 2, {}, {}, sha=None)
+            (folder / "final-eval" / "test").mkdir(parents=True)
+            (folder / "final-eval" / "test" / "outcomes.json").write_text(json.dumps(successes))
+    arms = list(samples)
+    table = bench.pass_table(root, arms, [0, 1], "test", 8, "bc-continued")
+    cells = {column.header: column._cells for column in table.columns}
+    assert cells["mean@8"][0].startswith(f"{100 * (8 + 1) / 24:.1f} ")
+    assert cells["pass@4"][0].startswith(f"{100 * (1 + 0.5) / 3:.1f} ")  # b: 1 - C(7,4)/C(8,4) = 0.5
+    assert cells["pass@8"][1].startswith(f"{100 / 3:.1f} ")
+    assert cells["pass@8 vs bc-continued (paired)"] == [
+        heldout.compare([({"a": 1.0, "b": 0.0, "c": 0.0}, {"a": 1.0, "b": 1.0, "c": 0.0})] * 2).gain.points(),
+        "",
+    ]
+    ood = bench.pass_table(root, arms, [0, 1], "ood", 8, "bc-continued")
+    assert ood.columns[2]._cells == ["not evaluated yet"] * 2

@@ -268,3 +268,24 @@ def test_a_run_validates_when_choosing_and_plays_the_test_panel_only_before_and_
     assert steps == {"eval": [1, 4], "validation": [1, 3, 4]}
     before_after = json.loads((tmp_path / "heldout.json").read_text())
     assert before_after["tasks"] == test
+
+
+def test_textworld_ood_is_the_next_difficulty_on_held_out_seeds_and_frozen(agentgym_cache: str) -> None:
+    """The out-of-distribution panel: settings the default (easy) run never trains on, from
+    TextWorld's held-out distributions, on seeds of its own, the same list forever."""
+    from agentgym.envs.textworld.tasks import DIFFICULTIES
+
+    textworld = registry.make("textworld", prefetch=False)
+    ood = textworld.tasks("ood")
+    frozen = json.loads((Path(__file__).parent / "data" / "textworld_ood.json").read_text())["tasks"]
+    assert [t.to_dict() for t in ood] == frozen and len(ood) == 32
+    trained = {
+        t.task_id.rsplit("/", 1)[0] for split in ("train", "validation") for t in textworld.tasks(split)
+    }
+    for task in ood:
+        challenge, settings = task.meta["challenge"], task.meta["settings"]
+        assert task.task_id.rsplit("/", 1)[0] not in trained
+        assert any(variant.items() <= settings.items() for variant in DIFFICULTIES["medium"][challenge])
+        assert task.meta["seed"] >= 1_500_000
+        assert settings.get("split", "test") == "test" and settings.get("test", True) is True
+    assert "ood" not in registry.make("textworld", difficulty="hard", prefetch=False).splits()

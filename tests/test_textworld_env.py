@@ -118,7 +118,7 @@ def test_expert_recovers_after_a_detour(cache: Path) -> None:
 
 def test_task_lists_ids_and_splits() -> None:
     env = TextWorldEnv(cache_dir="/nonexistent-never-generated")
-    assert env.splits() == {"train": 32, "test": 32, "validation": 32}
+    assert env.splits() == {"train": 32, "test": 32, "validation": 32, "ood": 32}
     train, test = env.tasks("train"), env.tasks("test")
     # Ids are part of the public contract: pin the first few.
     assert [t.task_id for t in train[:5]] == [

@@ -20,7 +20,7 @@ import textworld
 from agentgym.cache import cache_dir as agentgym_cache_dir
 from agentgym.core import ActionRules, Task, TaskListsMixin, TextEnv, Transition
 from agentgym.envs.textworld.store import GameStore, game_store
-from agentgym.envs.textworld.tasks import DIFFICULTIES, build_tasks, game_spec
+from agentgym.envs.textworld.tasks import DIFFICULTIES, HARDER, build_tasks, game_spec
 from agentgym.errors import InvalidAction
 
 DEFAULT_CHALLENGES = ("tw-coin_collector", "tw-treasure_hunter", "tw-simple", "tw-cooking")
@@ -126,6 +126,8 @@ class TextWorldEnv(TaskListsMixin, TextEnv):
         settings: overrides the preset per challenge, e.g.
             ``{"tw-coin_collector": [{"level": 5}], "tw-cooking": [{"recipe": 2, "go": 6}]}``.
         n_train / n_validation / n_test: tasks per split (own seed ranges, see ``tasks.py``).
+        n_ood: tasks of the ``ood`` split, the out-of-distribution panel: the next harder
+            difficulty's presets on held-out seeds (none for ``hard``).
         cache_dir: where compiled games live (default: ``$AGENTGYM_CACHE/textworld``, see :func:`agentgym.cache.cache_dir`).
         max_turns: turn limit (default by difficulty: 30 / 50 / 80).
         workers: generation processes for this cache folder (shared by all instances).
@@ -152,6 +154,7 @@ class TextWorldEnv(TaskListsMixin, TextEnv):
         n_train: int = 32,
         n_test: int = 32,
         n_validation: int = 32,
+        n_ood: int = 32,
         cache_dir: str | os.PathLike[str] | None = None,
         max_turns: int | None = None,
         workers: int = 1,
@@ -170,6 +173,9 @@ class TextWorldEnv(TaskListsMixin, TextEnv):
             "test": build_tasks("test", n_test, variants),
             "validation": build_tasks("validation", n_validation, variants),
         }
+        if difficulty in HARDER:
+            harder = {c: DIFFICULTIES[HARDER[difficulty]][c] for c in challenges}
+            self._tasks["ood"] = build_tasks("ood", n_ood, harder)
         root = Path(cache_dir) if cache_dir is not None else agentgym_cache_dir("textworld")
         self.store: GameStore = game_store(root / CACHE_LAYOUT, workers)
         self.prefetch = prefetch
@@ -196,8 +202,8 @@ class TextWorldEnv(TaskListsMixin, TextEnv):
 
     def warm_up(self) -> None:
         """Queue the train and test games for background generation (interleaved, in list
-        order) and return at once. Validation games are generated on first use: a run that
-        never evaluates on validation never pays for them."""
+        order) and return at once. Validation and ood games are generated on first use: a
+        run that never evaluates there never pays for them."""
         if not self.prefetch:
             return
         train, test = self._tasks["train"], self._tasks["test"]

@@ -4,8 +4,12 @@ A task is one generated game: ``(challenge, settings, seed)``. Its id reads
 ``<challenge>/<settings label>/s<seed>``, e.g. ``tw-coin_collector/level2/s7`` or
 ``tw-cooking/recipe1-take1-go1-open/s1000003``. The id fixes the game: the label spells
 out every knob, the seed picks the game, and each split has its own seed range
-(:data:`SEED_OFFSETS`): train from 0, validation from 500,000, test from 1,000,000, each at
-most :data:`MAX_SPLIT_TASKS` long, so no two splits share a seed, an id or a game.
+(:data:`SEED_OFFSETS`): train from 0, validation from 500,000, test from 1,000,000, ood from
+1,500,000, each at most :data:`MAX_SPLIT_TASKS` long, so no two splits share a seed, an id
+or a game.
+
+``ood`` is the out-of-distribution panel: test's held-out distributions at the next harder
+difficulty (:data:`HARDER`), settings a run on its own difficulty never trains on.
 
 Test games come from TextWorld's held-out distributions (unseen foods in tw-cooking and
 tw-simple). Validation games of tw-cooking come from TextWorld's ``valid`` distribution
@@ -31,13 +35,22 @@ TEST_SEED_OFFSET = 1_000_000
 """Test seeds start here, far above any train or validation seed."""
 VALIDATION_SEED_OFFSET = 500_000
 """Validation seeds start here, between train's and test's."""
-SEED_OFFSETS = {"train": 0, "validation": VALIDATION_SEED_OFFSET, "test": TEST_SEED_OFFSET}
+OOD_SEED_OFFSET = 1_500_000
+"""Seeds of the out-of-distribution panel start here, above test's."""
+SEED_OFFSETS = {
+    "train": 0,
+    "validation": VALIDATION_SEED_OFFSET,
+    "test": TEST_SEED_OFFSET,
+    "ood": OOD_SEED_OFFSET,
+}
 MAX_SPLIT_TASKS = VALIDATION_SEED_OFFSET
 """Tasks a split holds at most: train's seeds never reach validation's, nor validation's test's."""
 
-SPLITS = ("train", "validation", "test")
-TEXTWORLD_SPLITS = {"train": "train", "validation": "valid", "test": "test"}
+SPLITS = ("train", "validation", "test", "ood")
+TEXTWORLD_SPLITS = {"train": "train", "validation": "valid", "test": "test", "ood": "test"}
 """The tw-cooking ``split`` setting (TextWorld's food distribution) of each split."""
+HELD_BACK = ("test", "ood")
+"""The splits drawn from TextWorld's held-out distributions (unseen foods)."""
 
 KNOBS: dict[str, dict[str, Any]] = {
     "tw-coin_collector": {"level": 1},
@@ -62,6 +75,10 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "go": (1, 6, 9, 12),
 }
 LEVELS = {"tw-coin_collector": range(1, 301), "tw-treasure_hunter": range(1, 31)}
+
+HARDER = {"easy": "medium", "medium": "hard"}
+"""The difficulty of a difficulty's out-of-distribution panel (``ood``): settings variants
+never trained on (longer mazes, deeper levels, more ingredients), on held-out seeds."""
 
 DIFFICULTIES: dict[str, dict[str, list[dict[str, Any]]]] = {
     "easy": {
@@ -139,7 +156,7 @@ def generator_settings(challenge: str, settings: Mapping[str, Any], split: str) 
     if challenge == "tw-cooking":
         extra = {"split": TEXTWORLD_SPLITS[split], "recipe_seed": 0}
     elif challenge == "tw-simple":
-        extra = {"test": split == "test"}  # validation: the train distribution (no other)
+        extra = {"test": split in HELD_BACK}  # validation: the train distribution (no other)
     return {**settings, **extra}
 
 
