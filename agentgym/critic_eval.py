@@ -1,5 +1,5 @@
-"""Critics evaluated: test-time critique-then-refine on math problems, and critique-then-
-replay on agent episodes (``agentgym eval --critic``). Both write ``critiques.jsonl`` and
+"""Critics evaluated: test-time critique-then-refine on the problems of an env with an answer
+key (math), and critique-then-replay on agent episodes (``agentgym eval --critic``). Both write ``critiques.jsonl`` and
 ``results.json`` into the run's folder; neither resumes (a re-run replaces both files).
 """
 
@@ -16,19 +16,17 @@ from agentgym.critique import critique_and_replay, critique_metrics, critique_ro
 from agentgym.errors import AgentGymError
 from agentgym.evaluation import RESULTS_FILE, UsageError, list_tasks, write_json
 from agentgym.policies.base import Policy, SamplingParams
-from agentgym.problems import Problem, answer_key
+from agentgym.problems import Problem
 from agentgym.rollout import EpisodeSpec, RolloutConfig
 from agentgym.trajectory import Trajectory
 
 CRITIQUES_FILE = "critiques.jsonl"
-CRITIC_ENVS = ("math",)
-"""Envs whose ``eval --critic`` is a critique round on problems; every other env critiques
-whole episodes and replays them (:func:`evaluate_episode_critic`)."""
 
 
-def math_problems(split: str, n: int | None) -> list[Problem]:
-    """The first ``n`` problems of ``split`` of the default ``math`` catalogue."""
-    catalog = registry.make("math")
+def catalogue_problems(env: str, split: str, n: int | None) -> list[Problem]:
+    """The first ``n`` problems of ``split`` of env ``env``'s default catalogue (an env with
+    an answer key, :func:`~agentgym.registry.serves_problems`)."""
+    catalog: Any = registry.make(env)
     try:
         tasks = catalog.tasks(split)
     except AgentGymError as exc:
@@ -37,7 +35,14 @@ def math_problems(split: str, n: int | None) -> list[Problem]:
 
 
 async def evaluate_critic(
-    actor: Policy, critic: Policy, problems: list[Problem], out_dir: Path, *, k: int, sampling: SamplingParams
+    env: str,
+    actor: Policy,
+    critic: Policy,
+    problems: list[Problem],
+    out_dir: Path,
+    *,
+    k: int,
+    sampling: SamplingParams,
 ) -> dict[str, Any]:
     """Test-time critique-then-refine: ``k`` answers per problem, one critique each, a
     refinement where the critic says anything but Correct. Writes every record to
@@ -45,13 +50,13 @@ async def evaluate_critic(
     :func:`~agentgym.critique.critique_metrics` figures and, for ``k > 1``, plain and
     critique-filtered majority-vote accuracy. Not resumable: a re-run replaces both files."""
     start = time.perf_counter()
-    key = answer_key("math")
+    key = registry.answer_key(env)
     records = await critique_round(
         actor, critic, problems, sampling, n_answers=k, refine_when_correct=False, key=key
     )
     _write_critiques(out_dir, [record.to_dict() for record in records])
     results = {
-        "env": "math",
+        "env": env,
         "policy": actor.name,
         "critic": critic.name,
         "problems": len(problems),

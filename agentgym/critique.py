@@ -295,7 +295,7 @@ async def critique_round(
             Critique-RL refines greedily).
         refine_when_correct: ``False`` keeps the answer as the refinement when the critic
             says Correct (test-time critique-then-refine); Critique-RL always refines.
-        key: the env's answer key (:func:`agentgym.problems.answer_key`): the actor's
+        key: the env's answer key (:func:`agentgym.registry.answer_key`): the actor's
             instruction, and whether a reply's final answer is right.
 
     Returns:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Protocol
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -48,13 +48,3 @@ class AnswerKey(Protocol):
     def number(self, answer: str) -> Fraction | None:
         """``answer`` as an exact number, where it is one (to write a plausible wrong one)."""
         ...
-
-
-def answer_key(env: str) -> AnswerKey:
-    """The answer key of the registered env ``env``; ValueError for an env without one."""
-    from agentgym import registry
-
-    key: Any = getattr(registry.resolve(env), "answer_key", None)
-    if key is None:
-        raise ValueError(f"env {env!r} serves no question-and-answer problems (it has no answer key)")
-    return key

@@ -23,6 +23,7 @@ from typing import Any
 
 from agentgym.core import TextEnv
 from agentgym.errors import UnknownEnv, did_you_mean
+from agentgym.problems import AnswerKey
 
 log = logging.getLogger(__name__)
 
@@ -138,3 +139,17 @@ def check_settings(name: str, settings: Iterable[str]) -> None:
 def make(name: str, **config: Any) -> TextEnv:
     """Build a fresh instance of environment ``name`` with ``config``."""
     return resolve(name)(**config)
+
+
+def answer_key(name: str) -> AnswerKey:
+    """The answer key of the registered env ``name`` (a factory's ``answer_key``: the
+    capability of serving question-and-answer problems); ValueError for an env without one."""
+    key: Any = getattr(resolve(name), "answer_key", None)
+    if key is None:
+        raise ValueError(f"env {name!r} serves no question-and-answer problems (it has no answer key)")
+    return key
+
+
+def serves_problems(name: str) -> bool:
+    """Whether env ``name`` has an answer key (``eval --critic`` then critiques its problems)."""
+    return getattr(resolve(name), "answer_key", None) is not None

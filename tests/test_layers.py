@@ -4,7 +4,8 @@ Every ``agentgym`` module's imports are read from its source: top-level ones, th
 functions and those under ``TYPE_CHECKING`` alike (a deferred import is still a dependency).
 From low to high: the env contract (``core``, ``errors``, ``inputs``, ``cache``, ``sites``,
 ``problems``) < an env
-(``agentgym.envs.NAME``, which imports only the contract and itself) < servers, policies and
+(``agentgym.envs.NAME``, which imports only the contract and itself; the contract imports only
+itself) < servers, policies and
 the rest of ``agentgym`` < the trainer < the CLI. Nothing imports upward, no module outside
 an env's folder imports that env (the registry names them as strings), and no two modules
 import each other, however indirectly.
@@ -112,6 +113,8 @@ def _breaks(module: str, target: str) -> Iterator[str]:
     env = _env_of(target)
     if env and _env_of(module) != env:
         yield f"{module} imports the env {env}"
+    if module in CONTRACT and target not in CONTRACT:
+        yield f"the env contract's {module} imports {target}, outside the contract"
     if _env_of(module) and not _env_of(target) and target not in CONTRACT and target != "agentgym.envs":
         yield f"{_env_of(module)} imports {target}, above the env contract"
     for top in TOP:
@@ -183,6 +186,7 @@ def test_the_floors_hold_and_no_module_imports_itself_back() -> None:
             "imports the env agentgym.envs.textworld",
         ),
         ("trainers/leak.py", "from agentgym.cli import app\n", "a floor above it"),
+        ("agentgym/problems.py", "def f():\n    from agentgym import registry\n", "outside the contract"),
         ("agentgym/wire.py", "from agentgym import leak\n", "cycle: agentgym.leak -> agentgym.wire"),
     ],
 )

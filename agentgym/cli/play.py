@@ -243,11 +243,11 @@ def evaluate_policy(
     play = {name: played[name] if value is None else value for name, value in given.items()}
     choice = PolicyChoice(policy, model, base_url, api_key, concurrency, tool_calls)
     if critic is not None:
-        from agentgym.critic_eval import CRITIC_ENVS
+        from agentgym.registry import serves_problems
 
         rollout = _rollout_config(play, concurrency, temperature, history_turns)
         check_model_loads(policy, critic)
-        if env in CRITIC_ENVS:
+        if serves_problems(env):
             _evaluate_with_critic(env, split, n, k, choice, critic, rollout.sampling, out, url)
         else:
             _evaluate_episodes_with_critic(env, split, n, choice, critic, rollout, out, url, token)
@@ -332,17 +332,19 @@ def _evaluate_with_critic(
 ) -> None:
     """``eval --critic``: the actor (``choice``) and the critic (same backend, model
     ``critic``) play critique rounds on ``split``'s problems; no env server is involved."""
-    from agentgym.critic_eval import evaluate_critic, math_problems
+    from agentgym.critic_eval import catalogue_problems, evaluate_critic
     from agentgym.evaluation import UsageError, build_policy
 
     if url is not None:
-        raise fail("--critic reads the problems from the math catalogue itself: drop --url", EXIT_USAGE)
+        raise fail(f"--critic reads the problems from the {env} catalogue itself: drop --url", EXIT_USAGE)
 
     async def run() -> dict[str, Any]:
         actor = build_policy(choice.kind, **_policy_args(choice, choice.model))
         judge = build_policy(choice.kind, **_policy_args(choice, critic))
         try:
-            return await evaluate_critic(actor, judge, math_problems(split, n), out, k=k, sampling=sampling)
+            return await evaluate_critic(
+                env, actor, judge, catalogue_problems(env, split, n), out, k=k, sampling=sampling
+            )
         finally:
             await actor.close()
             await judge.close()

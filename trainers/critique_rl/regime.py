@@ -22,7 +22,8 @@ from agentgym.critique import CritiqueRecord, critic_messages, critique_metrics,
 from agentgym.policies.base import Generation, GenerationRequest, Message, SamplingParams
 from agentgym.policies.chat import end_of_turn_id, reply_ids
 from agentgym.policies.hf import HFPolicy
-from agentgym.problems import AnswerKey, Problem, answer_key
+from agentgym.problems import AnswerKey, Problem
+from agentgym.registry import answer_key
 from agentgym.trainers.batch import collate
 from agentgym.trainers.collector import sampling
 from agentgym.trainers.context import TrainingContext

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from agentgym.errors import AgentGymError
-from agentgym.problems import answer_key
+from agentgym.registry import answer_key
 from agentgym.trainers.config_checks import clipped_family_only
 
 
