@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from agentgym.trainers.algorithms import (
+    ADVANTAGE_ESTIMATORS,
     BapoConfig,
     agentevol_weights,
     aggregate,
@@ -30,7 +31,6 @@ from agentgym.trainers.algorithms import (
 )
 from agentgym.trainers.batch import collate, token_record
 from agentgym.trainers.config import TrainConfig
-from agentgym.trainers.registry import ADVANTAGE_ESTIMATORS
 from agentgym.trainers.schedules import FixedHorizon, ScalingInterHorizon
 from agentgym.trajectory import Trajectory
 

@@ -167,8 +167,8 @@ def test_commands_that_only_read_a_config_import_no_torch(args: list[str], code:
 
 def test_every_presets_estimator_and_clip_rule_is_registered() -> None:
     """What lets a config naming them be checked without the registry (and torch)."""
+    from agentgym.trainers.algorithms import ADVANTAGE_ESTIMATORS, CLIP_RULES
     from agentgym.trainers.presets import PRESETS
-    from agentgym.trainers.registry import ADVANTAGE_ESTIMATORS, CLIP_RULES
 
     assert {p.advantage for p in PRESETS.values()} <= ADVANTAGE_ESTIMATORS.keys()
     assert {p.clip_rule for p in PRESETS.values()} <= CLIP_RULES.keys()

@@ -180,7 +180,7 @@ def test_merged_lora_weights_reproduce_the_adapted_model() -> None:
 def test_the_logged_kl_is_k3_never_negative_where_the_mean_log_ratio_is() -> None:
     """Tokens the update made likelier: the k1 estimate (mean of old - new log-prob) is
     negative, a KL cannot be; the logged figure is k3, ``r - 1 - log r`` per token."""
-    from agentgym.trainers.registry import Bounds
+    from agentgym.trainers.algorithms import Bounds
     from agentgym.trainers.update import update_sums
 
     record = {"token_ids": [3, 7, 11, 5], "loss_mask": [0, 1, 1, 1], "logprobs": [0.0, -2.0, -1.0, -3.0]}

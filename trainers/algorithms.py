@@ -1,4 +1,14 @@
-"""RL algorithms as small pure functions on tensors; nothing here touches a model.
+"""RL algorithms as small pure functions on tensors, each registered where it is defined;
+nothing here touches a model.
+
+**The registry.** Every ``--algo`` name is a :class:`~agentgym.trainers.presets.Preset`
+(``presets.py``) naming an advantage estimator (how episodes become advantages:
+:data:`ADVANTAGE_ESTIMATORS`) and a clip rule (the ratio bounds of the clipped loss:
+:data:`CLIP_RULES`), which are independent config fields (``advantage``, ``clip_rule``), so
+BAPO's clipping composes with any estimator. The trainer looks them up and never branches on
+a name. Adding an algorithm: one function here with its decorator (:func:`outcome_estimator`
+for a function of the outcome scores, :func:`advantage_estimator` for one of whole episodes,
+:func:`clip_rule`), a test pinning it to hand-computed values, and its preset.
 
 Shapes: ``rewards``/``group_ids`` are ``[B]`` (one scalar outcome per episode, episodes of
 the same task share a group id); token tensors are ``[B, T]`` with ``mask`` 1 on agent
@@ -24,11 +34,89 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from agentgym.trainers.loss_settings import AGGREGATIONS, BapoConfig
+
+if TYPE_CHECKING:
+    from agentgym.trajectory import Trajectory
+
+# ----- the registry: each algorithm registers where it is defined ---------------------
+
+Advantage = float | list[float]
+"""An episode's advantage: one number for every agent token, or one per agent turn."""
+AdvantageEstimator = Callable[[Sequence["Trajectory"], Tensor], list[Advantage]]
+"""``f(episodes, group_ids [B]) -> one Advantage per episode``: whole episodes go in (per-turn
+rewards and observations), so per-turn estimators such as GiGPO fit the same slot."""
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
+"""The ``advantage`` names (:func:`advantage_estimator`, :func:`outcome_estimator`)."""
+
+
+def advantage_estimator(name: str) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
+    """Register an estimator of whole episodes as ``advantage: name``."""
+
+    def register(estimator: AdvantageEstimator) -> AdvantageEstimator:
+        ADVANTAGE_ESTIMATORS[name] = estimator
+        return estimator
+
+    return register
+
+
+def outcome_estimator(name: str, *, grouped: bool = True, **fixed: Any) -> Callable[[Callable], Callable]:
+    """Register ``f(rewards [B], group_ids [B], **fixed) -> advantages [B]``, a function of
+    the episodes' outcome scores, as ``advantage: name`` (``grouped=False``: ``f(rewards)``,
+    whitened over the batch). Stacked, one function gives several names."""
+
+    def register(advantages: Callable[..., Tensor]) -> Callable[..., Tensor]:
+        def estimate(episodes: Sequence[Trajectory], group_ids: Tensor) -> list[Advantage]:
+            rewards = torch.tensor([float(e.score) for e in episodes])
+            groups = (group_ids,) if grouped else ()
+            return advantages(rewards, *groups, **fixed).tolist()
+
+        ADVANTAGE_ESTIMATORS[name] = estimate
+        return advantages
+
+    return register
+
+
+@dataclass(frozen=True)
+class Prepass:
+    """What a clip rule may look at before an update: this rank's share of the minibatch
+    under the current weights (no gradient), and how to sum figures over ranks."""
+
+    logp: Tensor
+    old_logp: Tensor
+    advantages: Tensor
+    mask: Tensor
+    reduce: Callable[[Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class Bounds:
+    low: float
+    high: float
+    search: BapoSearch | None = None
+    """BAPO: how its search over the whole minibatch (all ranks) ended, and the ρ reached."""
+
+
+ClipRule = Callable[[Any, Callable[[], Prepass]], Bounds]
+"""``rule(config, prepass) -> Bounds``; ``prepass()`` costs a forward, so only call it if needed."""
+CLIP_RULES: dict[str, ClipRule] = {}
+"""The ``clip_rule`` names (:func:`clip_rule`)."""
+
+
+def clip_rule(name: str) -> Callable[[ClipRule], ClipRule]:
+    """Register a clip rule as ``clip_rule: name``."""
+
+    def register(rule: ClipRule) -> ClipRule:
+        CLIP_RULES[name] = rule
+        return rule
+
+    return register
+
 
 # ----- advantages ------------------------------------------------------------------
 
@@ -45,6 +133,8 @@ def _group_stats(values: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Ten
     return mean[inverse], std[inverse], count[inverse]
 
 
+@outcome_estimator("grpo-unscaled", normalize_std=False)  # Dr. GRPO
+@outcome_estimator("grpo")
 def grpo_advantages(
     rewards: Tensor, group_ids: Tensor, *, normalize_std: bool = True, eps: float = 1e-6
 ) -> Tensor:
@@ -54,6 +144,7 @@ def grpo_advantages(
     return centred / (std + eps) if normalize_std else centred
 
 
+@outcome_estimator("rloo")
 def rloo_advantages(rewards: Tensor, group_ids: Tensor) -> Tensor:
     """RLOO: ``R_i - mean_{j≠i} R_j`` = ``n/(n-1)·(R_i - mean_group)`` (0 for singleton groups)."""
     mean, _, count = _group_stats(rewards, group_ids)
@@ -62,6 +153,8 @@ def rloo_advantages(rewards: Tensor, group_ids: Tensor) -> Tensor:
     )
 
 
+@outcome_estimator("batch-whitened", grouped=False)
+@outcome_estimator("reinforce++-baseline")
 def reinforce_pp_advantages(rewards: Tensor, group_ids: Tensor | None = None, *, eps: float = 1e-6) -> Tensor:
     """REINFORCE++: whiten across the whole batch; with ``group_ids``, subtract the group
     mean first (REINFORCE++-baseline)."""
@@ -97,6 +190,52 @@ def step_advantages(
         out.append(flat[start : start + len(episode)])
         start += len(episode)
     return out
+
+
+def observations_before_replies(episode: Trajectory) -> list[str]:
+    """The observation the agent answered at each of its turns: GiGPO's anchor states."""
+    messages = episode.messages
+    return [
+        messages[i - 1]["content"] if i > 0 else ""
+        for i, m in enumerate(messages)
+        if m["role"] == "assistant" and m.get("loss", True)
+    ]
+
+
+@advantage_estimator("gigpo")
+def gigpo(
+    episodes: Sequence[Trajectory], group_ids: Tensor, *, omega: float = 1.0, gamma: float = 0.95
+) -> list[Advantage]:
+    """GiGPO: GRPO's episode advantage plus ``omega`` × the step advantage of each turn
+    (:func:`~agentgym.trainers.algorithms.step_advantages`, returns discounted by ``gamma``);
+    the paper's ω = 1, γ = 0.95. An episode whose turns cannot be matched to its tokens keeps
+    the episode advantage alone."""
+    episode_level = grpo_advantages(torch.tensor([float(e.score) for e in episodes]), group_ids).tolist()
+    anchors = [observations_before_replies(e) for e in episodes]
+    returns = [discounted_returns(list(e.rewards), gamma) for e in episodes]
+    usable = [
+        len(a) == len(r) == agent_turns(e.loss_mask or [])
+        for e, a, r in zip(episodes, anchors, returns, strict=True)
+    ]
+    steps = step_advantages(
+        [r if ok else [] for r, ok in zip(returns, usable, strict=True)],
+        [a if ok else [] for a, ok in zip(anchors, usable, strict=True)],
+        group_ids.tolist(),
+    )
+    return [
+        [base + omega * step for step in turn] if ok else base
+        for base, turn, ok in zip(episode_level, steps, usable, strict=True)
+    ]
+
+
+def agent_turns(loss_mask: Sequence[int]) -> int:
+    """Runs of consecutive agent tokens: one per agent turn."""
+    return sum(turn_starts(loss_mask, i) for i in range(len(loss_mask)))
+
+
+def turn_starts(loss_mask: Sequence[int], i: int) -> bool:
+    """Whether an agent turn starts at token ``i``."""
+    return bool(loss_mask[i]) and (i == 0 or not loss_mask[i - 1])
 
 
 def shuffled_advantages(
@@ -318,6 +457,20 @@ def bapo_bounds(
         high + low,
         outcome,
     )
+
+
+@clip_rule("fixed")
+def fixed_bounds(config: Any, prepass: Callable[[], Prepass]) -> Bounds:
+    """PPO ``[1-ε, 1+ε]``; DAPO's clip-higher when ``eps_high > eps_low``."""
+    return Bounds(1 - config.clip.eps_low, 1 + config.clip.eps_high)
+
+
+@clip_rule("bapo")
+def bapo_search(config: Any, prepass: Callable[[], Prepass]) -> Bounds:
+    """BAPO: bounds searched on the whole minibatch under the current weights."""
+    data = prepass()
+    search = bapo_bounds(data.logp, data.old_logp, data.advantages, data.mask, config.bapo, data.reduce)
+    return Bounds(search.low, search.high, search)
 
 
 # ----- AgentEvol ----------------------------------------------------------------------

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from agentgym.policies.chat import next_choice_tokens
-from agentgym.trainers.algorithms import token_weights
+from agentgym.trainers.algorithms import agent_turns, token_weights, turn_starts
 from agentgym.trajectory import Trajectory
 
 
@@ -90,18 +90,9 @@ def per_token(advantage: float | Sequence[float], loss_mask: Sequence[int]) -> l
         raise ValueError(f"{len(advantage)} per-turn advantages for an episode of {turns} agent turns")
     values, turn = [], -1
     for i, m in enumerate(loss_mask):
-        turn += int(_turn_starts(loss_mask, i))
+        turn += int(turn_starts(loss_mask, i))
         values.append(float(advantage[turn]) if m else 0.0)
     return values
-
-
-def agent_turns(loss_mask: Sequence[int]) -> int:
-    """Runs of consecutive agent tokens: one per agent turn."""
-    return sum(_turn_starts(loss_mask, i) for i in range(len(loss_mask)))
-
-
-def _turn_starts(loss_mask: Sequence[int], i: int) -> bool:
-    return bool(loss_mask[i]) and (i == 0 or not loss_mask[i - 1])
 
 
 def collate(
@@ -151,7 +142,7 @@ def allowed_tokens(
     them). Free turns and records without ``reply_choices`` have none."""
     if not reply_choices:
         return {}
-    starts = [i for i in range(len(loss_mask)) if _turn_starts(loss_mask, i)]
+    starts = [i for i in range(len(loss_mask)) if turn_starts(loss_mask, i)]
     if len(starts) != len(reply_choices):
         raise ValueError(f"{len(reply_choices)} reply_choices entries for {len(starts)} agent turns")
     allowed: dict[int, list[int]] = {}

@@ -23,13 +23,12 @@ import torch
 from agentgym.policies.base import SamplingParams
 from agentgym.policies.runs import RUN_CONFIG, played_by, run_of
 from agentgym.rollout import EpisodeSpec, RolloutConfig
-from agentgym.trainers.algorithms import dynamic_sampling_keep, shuffled_advantages
+from agentgym.trainers.algorithms import ADVANTAGE_ESTIMATORS, dynamic_sampling_keep, shuffled_advantages
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.distributed import DataParallel
 from agentgym.trainers.generators import Generator
 from agentgym.trainers.learner import Learner
 from agentgym.trainers.offpolicy import PendingGroups, ReplayBuffer, Sample, staleness, token_staleness
-from agentgym.trainers.registry import ADVANTAGE_ESTIMATORS
 from agentgym.trajectory import Trajectory, TrajectoryWriter
 
 RewardHook = Callable[[Trajectory], float]

@@ -24,7 +24,7 @@ def registry_problems(advantage: str, clip_rule: str) -> list[str]:
         p.clip_rule for p in PRESETS.values()
     }:
         return []
-    from agentgym.trainers.registry import ADVANTAGE_ESTIMATORS, CLIP_RULES
+    from agentgym.trainers.algorithms import ADVANTAGE_ESTIMATORS, CLIP_RULES
 
     problems = []
     if advantage not in ADVANTAGE_ESTIMATORS:

@@ -19,9 +19,9 @@ from torch import Tensor
 
 from agentgym.policies.adapters import adapt
 from agentgym.policies.hf import HFPolicy
+from agentgym.trainers.algorithms import Prepass
 from agentgym.trainers.batch import TokenBatch, token_logprobs
 from agentgym.trainers.distributed import DataParallel
-from agentgym.trainers.registry import Prepass
 
 PerTokenLoss = Callable[[TokenBatch], Tensor]
 """``f(micro-batch on the learner's device) -> [b, t]`` per-token losses."""

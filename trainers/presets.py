@@ -1,5 +1,5 @@
 """The ``--algo`` names: every preset names an advantage estimator and a clip rule (functions
-registered in :mod:`agentgym.trainers.registry`), the recipe that trains with them, and the
+registered where they are defined, in :mod:`agentgym.trainers.algorithms`), the recipe that trains with them, and the
 config defaults its paper uses. Plain data, so the CLI's help and the docs read it without
 loading torch.
 """

@@ -12,11 +12,18 @@ from typing import Any, Protocol
 
 import torch
 
-from agentgym.trainers.algorithms import balance, clip_fractions, clipped_surrogate, importance_ratio, kl_k3
+from agentgym.trainers.algorithms import (
+    CLIP_RULES,
+    Bounds,
+    balance,
+    clip_fractions,
+    clipped_surrogate,
+    importance_ratio,
+    kl_k3,
+)
 from agentgym.trainers.batch import TokenBatch
 from agentgym.trainers.distributed import DataParallel
 from agentgym.trainers.learner import Learner
-from agentgym.trainers.registry import CLIP_RULES, Bounds
 
 
 class UpdateContext(Protocol):

@@ -24,10 +24,10 @@ from agentgym.policies.chat import end_of_turn_id, reply_ids
 from agentgym.policies.hf import HFPolicy
 from agentgym.problems import AnswerKey, Problem
 from agentgym.registry import answer_key
+from agentgym.trainers.algorithms import ADVANTAGE_ESTIMATORS
 from agentgym.trainers.batch import collate
 from agentgym.trainers.collector import sampling
 from agentgym.trainers.context import TrainingContext
-from agentgym.trainers.registry import ADVANTAGE_ESTIMATORS
 from agentgym.trainers.update import update_policy
 
 CORRECT_CRITIQUE = "Every step checks out and the final answer {answer} is right.\nVerdict: Correct"
