@@ -34,7 +34,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -51,18 +51,26 @@ Advantage = float | list[float]
 AdvantageEstimator = Callable[[Sequence["Trajectory"], Tensor], list[Advantage]]
 """``f(episodes, group_ids [B]) -> one Advantage per episode``: whole episodes go in (per-turn
 rewards and observations), so per-turn estimators such as GiGPO fit the same slot."""
+F = TypeVar("F", bound=Callable[..., Any])
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
 """The ``advantage`` names (:func:`advantage_estimator`, :func:`outcome_estimator`)."""
 
 
-def advantage_estimator(name: str) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
-    """Register an estimator of whole episodes as ``advantage: name``."""
+def registering_in(table: dict[str, Any]) -> Callable[[str], Callable[[F], F]]:
+    """A decorator factory: ``@factory(name)`` puts the function it decorates in ``table``."""
 
-    def register(estimator: AdvantageEstimator) -> AdvantageEstimator:
-        ADVANTAGE_ESTIMATORS[name] = estimator
-        return estimator
+    def decorator(name: str) -> Callable[[F], F]:
+        def register(function: F) -> F:
+            table[name] = function
+            return function
 
-    return register
+        return register
+
+    return decorator
+
+
+advantage_estimator = registering_in(ADVANTAGE_ESTIMATORS)
+"""``@advantage_estimator(name)``: an estimator of whole episodes as ``advantage: name``."""
 
 
 def outcome_estimator(name: str, *, grouped: bool = True, **fixed: Any) -> Callable[[Callable], Callable]:
@@ -108,14 +116,8 @@ CLIP_RULES: dict[str, ClipRule] = {}
 """The ``clip_rule`` names (:func:`clip_rule`)."""
 
 
-def clip_rule(name: str) -> Callable[[ClipRule], ClipRule]:
-    """Register a clip rule as ``clip_rule: name``."""
-
-    def register(rule: ClipRule) -> ClipRule:
-        CLIP_RULES[name] = rule
-        return rule
-
-    return register
+clip_rule = registering_in(CLIP_RULES)
+"""``@clip_rule(name)``: a clip rule as ``clip_rule: name``."""
 
 
 # ----- advantages ------------------------------------------------------------------
