@@ -138,22 +138,24 @@ def cpu_seconds(pid: int | None = None) -> float:
 
 
 class RawConnection:
-    """The lean load generator: one keep-alive HTTP/1.1 connection to a session's step
-    route, the two requests encoded once, each answer read by its Content-Length and
-    checked for 200: about what a wrk-style tool costs per request, a fraction of aiohttp's
-    request machinery."""
+    """The lean load generator: one keep-alive HTTP/1.1 connection, each request's head
+    written by hand and each answer read by its Content-Length and checked for 2xx: about
+    what a wrk-style tool costs per request, a fraction of aiohttp's request machinery.
+    With ``session_id``, :meth:`step` plays that session's two actions, their requests
+    encoded once."""
 
-    def __init__(self, url: str, session_id: str) -> None:
+    def __init__(self, url: str, session_id: str | None = None) -> None:
         self.address = urlsplit(url)
         body = {action: json.dumps({"action": action}).encode() for action in ACTIONS}
         self.requests = {
-            action: (
-                f"POST /sessions/{session_id}/step HTTP/1.1\r\nHost: {self.address.netloc}\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
-            ).encode()
-            + data
-            for action, data in body.items()
+            action: self.encode("POST", f"/sessions/{session_id}/step", data) for action, data in body.items()
         }
+
+    def encode(self, method: str, path: str, body: bytes = b"") -> bytes:
+        head = f"{method} {path} HTTP/1.1\r\nHost: {self.address.netloc}\r\n"
+        if body:
+            head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        return (head + "\r\n").encode() + body
 
     async def __aenter__(self) -> RawConnection:
         self.reader, self.writer = await asyncio.open_connection(self.address.hostname, self.address.port)
@@ -163,14 +165,19 @@ class RawConnection:
         self.writer.close()
         await self.writer.wait_closed()
 
-    async def step(self, action: str) -> None:
-        self.writer.write(self.requests[action])
+    async def send(self, request: bytes) -> bytes:
+        """Send an encoded request; the answer's body (RuntimeError unless 2xx)."""
+        self.writer.write(request)
         head = await self.reader.readuntil(b"\r\n\r\n")
-        length = int(CONTENT_LENGTH.search(head)[1])
-        body = await self.reader.readexactly(length)
-        if not head.startswith(b"HTTP/1.1 200"):
+        found = CONTENT_LENGTH.search(head)
+        body = await self.reader.readexactly(int(found[1])) if found else b""
+        if not head.startswith(b"HTTP/1.1 2"):
             status = head.split(b"\r\n", 1)[0].decode()
-            raise RuntimeError(f"step answered {status}: {body[:200]!r}")
+            raise RuntimeError(f"answered {status}: {body[:200]!r}")
+        return body
+
+    async def step(self, action: str) -> None:
+        await self.send(self.requests[action])
 
 
 async def over_http(url: str, task_ids: list[str], sessions: int, seconds: float, lean: bool) -> Figures:

@@ -75,6 +75,9 @@ class ServerConfig:
     """Live sessions at most; more creates get 429 with Retry-After."""
     ttl: float = 600.0
     """Idle seconds after which a session is closed and its engine freed."""
+    mcp_ttl: float = 30.0
+    """Idle seconds after which an MCP session that holds no episode is ended (one that
+    holds an episode keeps ``ttl``): a bare handshake costs no engine, only an MCP slot."""
     token: str | None = None
     """When set, every route but /health needs ``Authorization: Bearer <token>``."""
     max_body_bytes: int = 64 * 1024
@@ -186,7 +189,9 @@ def create_app(config: ServerConfig) -> EnvServerApp:
         """Whose quota a new session counts against (None: no quotas)."""
         return None if config.max_sessions_per_client is None else client_key(scope, config.quota_by_token)
 
-    mcp = mcp_endpoint(catalog, sessions, metrics, client_of, max_body_bytes=config.max_body_bytes)
+    mcp = mcp_endpoint(
+        catalog, sessions, metrics, client_of, max_body_bytes=config.max_body_bytes, bare_ttl=config.mcp_ttl
+    )
 
     app = EnvServerApp(
         title=f"AgentGym env server: {config.env}",

@@ -14,7 +14,8 @@
   the env session is owned by its MCP session (:attr:`Session.owner`), so neither another
   MCP session nor a v1, AgentGym or OpenEnv route reaches it. It closes with
   ``end_episode``, when its MCP session is deleted, or after the server's idle TTL; the
-  MCP session itself ends after the same idle time.
+  MCP session itself ends after the same idle time, or after the much shorter bare
+  timeout (``--mcp-ttl``) while it holds no episode (:mod:`agentgym.servers.mcp_admission`).
 * **Only request-response.** There are no server-initiated messages, so ``GET`` (the
   optional stream for them) is 405, as the spec allows: every exchange is a POST that
   ends, which the gateway relays like any request and which never holds a server's
@@ -43,12 +44,21 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, create_model
 from starlette.requests import Request
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from agentgym.core import TextEnv
 from agentgym.errors import AgentGymError, EpisodeOver, UnknownSession
 from agentgym.servers.episodes import play_step, reset_kwargs, start_session, task_page
-from agentgym.servers.mcp_admission import McpAdmission, invalid_id, unserved, whole_body
+from agentgym.servers.mcp_admission import (
+    MCP_PATH,
+    SESSION_HEADER,
+    McpAdmission,
+    answered,
+    delete_session,
+    invalid_id,
+    unserved,
+    whole_body,
+)
 from agentgym.servers.metrics import ServerMetrics
 from agentgym.servers.middleware import ClientOf
 from agentgym.servers.openenv import parse_model
@@ -57,13 +67,11 @@ from agentgym.wire import CreateSessionRequest
 
 log = logging.getLogger(__name__)
 
-MCP_PATH = "/mcp"
-SESSION_HEADER = "mcp-session-id"
 MCP_SESSIONS_PER_SLOT = 4
 """MCP sessions open at once, per session the server takes (and per session of a client's
 quota); beyond, 429 with Retry-After (:mod:`agentgym.servers.mcp_admission`). One costs no engine
 until it starts an episode (a client also keeps one for env_info and list_tasks), and idle
-ones expire with the TTL, so this only bounds their memory."""
+ones expire (those without an episode after the bare timeout), so this only bounds their memory."""
 RESERVED_TOOL_NAMES = frozenset({"reset", "step", "state", "close"})
 """OpenEnv's orchestration controls (openenv-core's ``RESERVED_TOOL_NAMES``): no tool here
 takes one of them, so an OpenEnv harness can list our tools beside its own."""
@@ -265,6 +273,11 @@ class EnvTools:
         text = episode_text(result) if tool.episode else json.dumps(result, indent=1)
         return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=result)
 
+    def holds_episode(self, session_key: str) -> bool:
+        """Whether MCP session ``session_key`` holds a live env session."""
+        held = self._held.get(session_key)
+        return held is not None and held.live is not None
+
     async def end(self, session_key: str) -> bool:
         """Close the env session of MCP session ``session_key``; whether one was running."""
         held = self._held.get(session_key)
@@ -393,6 +406,7 @@ class McpEndpoint:
         return _NamedRoute(MCP_PATH, self, include_in_schema=False)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._release_lapsed()
         refusal = unserved(scope)
         if refusal is None and scope["method"] == "POST":  # ids checked, and openings admitted, first
             body, receive = await whole_body(scope, receive)
@@ -403,15 +417,32 @@ class McpEndpoint:
             refusal = self.admission.refusal(client)
         if refusal is not None:
             await refusal(scope, receive, send)
-            return
-        status, opened = await _answered(self.manager.handle_request, scope, receive, send)
-        if key is None and opened and status is not None and status < 300:
-            self.admission.opened(opened, client)
-        elif key is not None:
-            self.admission.used(key)
-        if scope["method"] == "DELETE" and key and status is not None and status < 300:
+        elif key is None:
+            status, opened = await answered(self.manager.handle_request, scope, receive, send)
+            if opened and status is not None and status < 300:
+                self.admission.opened(opened, client)
+        else:
+            await self._serve(key, scope, receive, send)
+
+    async def _serve(self, key: str, scope: Scope, receive: Receive, send: Send) -> None:
+        """A request of session ``key``: the session does not idle while it runs, and its
+        idle timeout after depends on whether it then holds an episode."""
+        self.admission.begin(key)
+        try:
+            status, _ = await answered(self.manager.handle_request, scope, receive, send)
+        finally:
+            self.admission.end(key, self.tools.holds_episode(key))
+        if scope["method"] == "DELETE" and status is not None and status < 300:
             self.admission.closed(key)
             await self.tools.end(key)
+
+    async def _release_lapsed(self) -> None:
+        """End the sessions admission found lapsed, as their clients' DELETE would: a bare one
+        would otherwise stay open in the SDK (and count against its limit) for the full TTL.
+        Checked on every request, so a lapsed session answers 404 from then on."""
+        for key in self.admission.lapsed():
+            await self.tools.end(key)
+            await delete_session(self.manager.handle_request, key)
 
 
 class _NamedRoute(Route):
@@ -423,26 +454,6 @@ class _NamedRoute(Route):
         await super().handle(scope, receive, send)
 
 
-async def _answered(
-    app: ASGIApp, scope: Scope, receive: Receive, send: Send
-) -> tuple[int | None, str | None]:
-    """Run ``app`` on the request; the HTTP status it answered (None: no answer) and the
-    MCP session id its answer named."""
-    status: int | None = None
-    session: str | None = None
-
-    async def watch(message: Message) -> None:
-        nonlocal status, session
-        if message["type"] == "http.response.start":
-            status = message["status"]
-            named = dict(message.get("headers") or []).get(SESSION_HEADER.encode())
-            session = named.decode("latin-1") if named else None
-        await send(message)
-
-    await app(scope, receive, watch)
-    return status, session
-
-
 def mcp_endpoint(
     catalog: TextEnv,
     sessions: SessionManager,
@@ -450,9 +461,11 @@ def mcp_endpoint(
     client_of: ClientOf,
     *,
     max_body_bytes: int,
+    bare_ttl: float,
 ) -> McpEndpoint:
     """The ``/mcp`` endpoint of an env server: its env sessions are the server's; its MCP
-    sessions expire after the same idle time, at most :data:`MCP_SESSIONS_PER_SLOT` per slot."""
+    sessions expire after the same idle time (``bare_ttl`` while they hold no episode), at
+    most :data:`MCP_SESSIONS_PER_SLOT` per slot."""
     tools = EnvTools(catalog, sessions, metrics, client_of)
 
     async def list_tools(
@@ -473,13 +486,14 @@ def mcp_endpoint(
         on_list_tools=list_tools,
         on_call_tool=call_tool,
     )
+    capacity = MCP_SESSIONS_PER_SLOT * sessions.max_sessions
     manager = StreamableHTTPSessionManager(
         server,
         json_response=True,  # one JSON answer per POST: nothing streams
-        session_idle_timeout=sessions.ttl,
+        session_idle_timeout=sessions.ttl,  # bare sessions are ended sooner, by the endpoint
         max_request_body_size=max_body_bytes,
-        max_sessions=MCP_SESSIONS_PER_SLOT * sessions.max_sessions,
+        max_sessions=capacity,
     )
     per_client = None if sessions.max_per_client is None else MCP_SESSIONS_PER_SLOT * sessions.max_per_client
-    admission = McpAdmission(MCP_SESSIONS_PER_SLOT * sessions.max_sessions, per_client, sessions.ttl)
+    admission = McpAdmission(capacity, per_client, sessions.ttl, bare_ttl)
     return McpEndpoint(tools, manager, admission)

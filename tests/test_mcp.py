@@ -334,6 +334,29 @@ def test_one_client_cannot_take_every_mcp_session() -> None:
         assert full.status_code == 429 and "retry-after" in full.headers and "4 MCP sessions" in full.text
 
 
+def test_mcp_sessions_without_an_episode_are_released_on_the_short_timeout() -> None:
+    """Bare initializes held their MCP slots for the whole idle TTL (600 s by default). Now
+    one that holds no episode is released after ``mcp_ttl`` (its slot with it, its id
+    answering 404), while one that holds an episode keeps the full TTL."""
+
+    async def scenario(url: str) -> None:
+        async with mcp_session(f"{url}/mcp") as playing:
+            assert not (await playing.call_tool("start_episode", FIRST_TEST_TASK)).is_error
+            bare = [initialize(url) for _ in range(3)]  # with the episode's: all 4 MCP slots
+            assert all(answer.status_code == 200 for answer in bare)
+            assert initialize(url).status_code == 429
+            await asyncio.sleep(1.5)  # past the 1 s bare timeout (and its margin), within the TTL
+            assert initialize(url).status_code == 200  # a bare one's slot is free again
+            ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
+            stale = {"mcp-session-id": bare[0].headers["mcp-session-id"]}
+            assert httpx.post(f"{url}/mcp", json=ping, headers=ACCEPT | stale).status_code == 404
+            observed = await playing.call_tool("observe", {})  # the episode's session lives on
+            assert not observed.is_error and observed.structured_content["turn"] == 0
+
+    with serve_in_thread(ServerConfig(env="choice", max_sessions=1, ttl=60.0, mcp_ttl=1.0)) as url:
+        asyncio.run(scenario(url))
+
+
 @pytest.mark.parametrize("bad_id", [{"a": 1}, [1], True, 1.5, float("nan")])
 def test_a_request_id_that_is_not_a_string_or_integer_is_an_invalid_request(
     bad_id: Any, serve: Callable[[str], str]

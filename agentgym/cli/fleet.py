@@ -56,6 +56,9 @@ def serve(
         ),
     ] = None,
     ttl: Annotated[float, typer.Option(min=1, help="Idle seconds before a session is closed.")] = 600.0,
+    mcp_ttl: Annotated[
+        float, typer.Option(min=1, help="Idle seconds before an MCP session without an episode is closed.")
+    ] = 30.0,
     token: Annotated[
         str | None, typer.Option(envvar="AGENTGYM_TOKEN", help="Require this bearer token.")
     ] = None,
@@ -107,6 +110,7 @@ def serve(
         env_config=env_config,
         max_sessions=max_sessions or hosting.session_cap(env),
         ttl=ttl,
+        mcp_ttl=mcp_ttl,
         token=token,
         max_body_bytes=max_body_bytes,
         max_header_bytes=max_header_bytes,
