@@ -21,7 +21,7 @@ from agentgym.trainers.batch import TokenBatch, allowed_tokens, collate
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.distributed import DataParallel
 from agentgym.trainers.learner import Learner
-from agentgym.trainers.update import carrying_gradient, clipped_update
+from agentgym.trainers.update import carrying_gradient, clipped_update, update_policy
 
 COMMANDS = ["go north", "go east", "take the rusty key", "open door"]
 
@@ -193,3 +193,17 @@ def test_entropy_is_reported_over_free_tokens_with_the_share_of_forced_ones(tiny
     assert figures["forced_token_share"] == pytest.approx(0.4)
     assert figures["entropy"] == pytest.approx(float(entropy[free].mean()), rel=1e-4)
     assert figures["entropy"] > float(entropy[agent].mean()) * 1.5  # what it read before
+
+
+def test_an_update_without_any_advantage_reports_no_entropy(tiny_model_dir: Path) -> None:
+    """When every group agreed, the update runs one stand-in row (the optimizer still steps);
+    its entropy is not the policy's, so the step reports none and the collapse guard stays
+    quiet, where it read a near-0 figure as a collapse."""
+    torch.manual_seed(0)
+    config = TrainConfig(model=str(tiny_model_dir), temperature=1.0, minibatch_size=4, ppo_epochs=1)
+    learner = Learner(config, HFPolicy(str(tiny_model_dir)), DataParallel())
+    trainer = update_context(config, learner)
+    trainer.minibatch = lambda b: b.weighted("token-mean")
+    figures = update_policy(trainer, forced_end_batch(learner, (0.0, 0.0, 0.0, 0.0)), kl_coef=0.0)
+    assert figures["skipped_episodes"] == 3 and "entropy" not in figures
+    assert "entropy" in update_policy(trainer, forced_end_batch(learner), kl_coef=0.0)

@@ -53,7 +53,12 @@ def update_policy(
             minibatch, dropped = carrying_gradient(minibatch)
             skipped += dropped
         tokens += int(minibatch.attention_mask.sum())
-        updates.append(clipped_update(trainer, minibatch, kl_coef, on_policy=sampled_now and not updates))
+        update = clipped_update(trainer, minibatch, kl_coef, on_policy=sampled_now and not updates)
+        if not carries_advantage(minibatch).any():
+            # Only carrying_gradient's stand-in row ran: its entropy says nothing of the policy
+            # (a short, mostly forced reply reads as a collapse to the guard).
+            update.pop("entropy")
+        updates.append(update)
     return summarize(updates) | {
         "update_tokens": tokens,
         "skipped_episodes": skipped,
