@@ -144,10 +144,9 @@ def make(name: str, **config: Any) -> TextEnv:
 def answer_key(name: str) -> AnswerKey:
     """The answer key of the registered env ``name`` (a factory's ``answer_key``: the
     capability of serving question-and-answer problems); ValueError for an env without one."""
-    key: Any = getattr(resolve(name), "answer_key", None)
-    if key is None:
+    if not serves_problems(name):
         raise ValueError(f"env {name!r} serves no question-and-answer problems (it has no answer key)")
-    return key
+    return resolve(name).answer_key  # type: ignore[attr-defined]
 
 
 def serves_problems(name: str) -> bool:
