@@ -206,4 +206,5 @@ def test_an_update_without_any_advantage_reports_no_entropy(tiny_model_dir: Path
     trainer.minibatch = lambda b: b.weighted("token-mean")
     figures = update_policy(trainer, forced_end_batch(learner, (0.0, 0.0, 0.0, 0.0)), kl_coef=0.0)
     assert figures["skipped_episodes"] == 3 and "entropy" not in figures
+    assert [u["advantage_rows"] for u in figures["updates"]] == [0]
     assert "entropy" in update_policy(trainer, forced_end_batch(learner), kl_coef=0.0)

@@ -54,7 +54,8 @@ def update_policy(
             skipped += dropped
         tokens += int(minibatch.attention_mask.sum())
         update = clipped_update(trainer, minibatch, kl_coef, on_policy=sampled_now and not updates)
-        if not carries_advantage(minibatch).any():
+        update["advantage_rows"] = int(carries_advantage(minibatch).sum())
+        if not update["advantage_rows"]:
             # Only carrying_gradient's stand-in row ran: its entropy says nothing of the policy
             # (a short, mostly forced reply reads as a collapse to the guard).
             update.pop("entropy")
