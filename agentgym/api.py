@@ -18,85 +18,59 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
+
+import yaml
 
 from agentgym import registry
-from agentgym.agents import ACTION_ORDERS, FORMATS
-from agentgym.errors import AgentGymError
-from agentgym.evaluation import (
-    EvalConfig,
-    UsageError,
-    build_policy,
-    check_policy_model,
-    check_server,
-    env_server,
-)
+from agentgym.errors import AgentGymError, UsageError
+from agentgym.evaluation import EvalConfig, build_policy, check_policy_model, check_server, env_server
 from agentgym.evaluation import evaluate as evaluate_on
-from agentgym.policies import CONSTRAINING_KINDS
-from agentgym.policies.base import SamplingParams
-from agentgym.policies.runs import played_by
-from agentgym.rollout import RolloutConfig
+from agentgym.play_profile import PlayProfile
+from agentgym.policies.base import Policy
+from agentgym.policies.runs import RUN_CONFIG, played_by, run_of
 from agentgym.trajectory import Trajectory
 
-PLAY_DEFAULTS: dict[str, Any] = {
-    "agent_format": "react",
-    "max_new_tokens": 128,
-    "max_turns": None,
-    "show_actions": False,
-    "action_order": "hashed",
-    "constrain_actions": False,
-}
-"""How a model that is not a training run plays, where nothing says otherwise (``max_turns``
-None: the env's limit)."""
+T = TypeVar("T")
 
 
-def play_settings(
-    model: str | Path | None, given: dict[str, Any] | None = None, policy: str = "hf"
-) -> dict[str, Any]:
-    """:data:`PLAY_DEFAULTS`, over them how ``model``'s run played (if it is one; fitted to
-    ``policy`` by :func:`as_policy_can_play`), over that the ``given`` settings that are not
-    None (the run's record is not read when they are all given, as the CLI gives them)."""
-    given = {key: value for key, value in (given or {}).items() if value is not None}
-    unknown = set(given) - set(PLAY_DEFAULTS)
-    if unknown:
-        raise UsageError(
-            f"unknown play settings {', '.join(sorted(unknown))}; they are {', '.join(PLAY_DEFAULTS)}"
-        )
-    played = {} if set(given) >= set(PLAY_DEFAULTS) else as_policy_can_play(played_by(model) or {}, policy)
-    return PLAY_DEFAULTS | {key: played[key] for key in PLAY_DEFAULTS if key in played} | given
+def play_profile(
+    model: str | Path | None,
+    policy: str = "hf",
+    given: Mapping[str, Any] | None = None,
+    on_note: Callable[[str], None] | None = None,
+) -> PlayProfile:
+    """How ``model`` is played by a policy of kind ``policy``: :class:`PlayProfile`'s
+    defaults, over them how ``model``'s run played its held-out evaluations when it is a
+    training run or was exported from one (fitted to ``policy``), over that the ``given``
+    settings that are not None. ``on_note`` hears where the settings came from."""
+    note = on_note or (lambda _: None)
+    try:
+        recorded = recorded_play(model)
+    except (OSError, ValueError, yaml.YAMLError) as exc:  # e.g. a run of an older version
+        note(f"the run's config.yaml does not load ({exc}); playing with eval's defaults")
+        recorded = None
+    if recorded is None:
+        return PlayProfile().overridden(given)
+    fitted = recorded.for_policy(policy)
+    if fitted.constrain_actions != recorded.constrain_actions:
+        note(f"(policy {policy} decodes unconstrained: the commands are shown, not enforced)")
+    profile = fitted.overridden(given)
+    note(f"playing as the run's held-out evaluation did (settings given override): {profile.described()}")
+    return profile
 
 
-def as_policy_can_play(played: dict[str, Any], policy: str) -> dict[str, Any]:
-    """A run's play record for a policy of kind ``policy``: one that cannot constrain its
-    replies (an OpenAI-compatible server decodes freely) is shown the valid commands the run
-    was constrained to, and picks among them by itself (a trained model ends its reply)."""
-    if played.get("constrain_actions") and policy not in CONSTRAINING_KINDS:
-        return played | {"constrain_actions": False, "show_actions": True}
-    return played
+def recorded_play(model: str | Path | None) -> PlayProfile | None:
+    """How the run or exported model ``model`` names was played in its held-out evaluations;
+    None for any other model. A run from before the play record: from its config."""
+    if (profile := played_by(model)) is not None or (run := run_of(model)) is None:
+        return profile
+    from agentgym.trainers.collector import held_out_play  # torch: only for such a run
+    from agentgym.trainers.config import TrainConfig
 
-
-def rollout_config(
-    play: dict[str, Any], *, concurrency: int, temperature: float, history_turns: int | None = None
-) -> RolloutConfig:
-    """The rollout of a full set of play settings; ``UsageError`` for an unknown format."""
-    if play["agent_format"] not in FORMATS:
-        raise UsageError(f"unknown agent format {play['agent_format']!r}; formats are {', '.join(FORMATS)}")
-    if play["action_order"] not in ACTION_ORDERS:
-        raise UsageError(
-            f"unknown action order {play['action_order']!r}; orders are {', '.join(ACTION_ORDERS)}"
-        )
-    return RolloutConfig(
-        max_turns=play["max_turns"],
-        concurrency=concurrency,
-        sampling=SamplingParams(temperature=temperature, max_new_tokens=play["max_new_tokens"]),
-        format=play["agent_format"],
-        history_turns=history_turns,
-        show_actions=play["show_actions"] or play["constrain_actions"],
-        action_order=play["action_order"],
-        constrain_actions=play["constrain_actions"],
-    )
+    return held_out_play(TrainConfig.load(run / RUN_CONFIG))
 
 
 def evaluate(
@@ -119,64 +93,114 @@ def evaluate(
     on_plan: Callable[[int, int], None] | None = None,
     on_episode: Callable[[Trajectory], None] | None = None,
     on_resume: Callable[[list[Trajectory]], None] | None = None,
+    on_note: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``model`` (a policy of kind ``policy``) on the first ``n`` tasks of ``env``'s
     ``split``, ``k`` samples each, and return the results (``out_dir`` among them).
 
     Args:
         play: ``agent_format``, ``max_new_tokens``, ``max_turns``, ``show_actions``,
-            ``action_order``, ``constrain_actions``; those left out come from the model's training run when it
-            is one (or was exported from one), else :data:`PLAY_DEFAULTS`.
+            ``action_order``, ``constrain_actions``; those left out come from the model's
+            training run when it is one (or was exported from one), else
+            :class:`~agentgym.play_profile.PlayProfile`'s defaults (:func:`play_profile`).
         policy_args: ``base_url``, ``api_key``, ``tool_calls`` (``policy="openai"``).
         temperature: None: greedy for ``k=1``, else 1.
         history_turns: earlier turns the prompt keeps (None: all).
         on_plan, on_episode, on_resume: progress callbacks, ``on_plan(total, already_done)``
             once, ``on_episode(trajectory)`` after each episode, ``on_resume(trajectories)``
             once with the episodes kept from an earlier run in ``out``.
+        on_note: hears where the play settings came from (:func:`play_profile`).
 
     Raises :class:`~agentgym.evaluation.UsageError` for bad arguments, before any server
     starts or model loads, and :class:`ServerStartError` when the local env server fails.
     """
     if url is None:
         _require_registered(env)
-    settings = play_settings(model, play, policy)
-    if settings["constrain_actions"] and policy not in CONSTRAINING_KINDS:
-        raise UsageError(
-            f"constrain_actions needs policy {' or '.join(CONSTRAINING_KINDS)} (the others decode unconstrained)"
-        )
-    temperature = (0.0 if k == 1 else 1.0) if temperature is None else temperature
-    rollout = rollout_config(
-        settings, concurrency=concurrency, temperature=temperature, history_turns=history_turns
+    profile = play_profile(model, policy, play, on_note)
+    temperature = eval_temperature(temperature, k)
+    rollout = profile.rollout(
+        policy, concurrency=concurrency, temperature=temperature, history_turns=history_turns
     )
-    out_dir = Path(out or Path("runs/eval") / f"{env}-{split}-{policy}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out_dir = eval_folder(out, env, split, policy)
     config = EvalConfig(env=env, out_dir=out_dir, split=split, n=n, k=k, rollout=rollout, seed=seed)
-    spec = None if model is None else str(model)
-    check_policy_model(policy, spec)
+    choice = PolicyChoice(
+        policy, None if model is None else str(model), concurrency=concurrency, **(policy_args or {})
+    )
+
+    async def job(server_url: str, built: Policy) -> dict[str, Any]:
+        return await evaluate_on(
+            server_url,
+            built,
+            config,
+            token=token,
+            on_plan=on_plan,
+            on_episode=on_episode,
+            on_resume=on_resume,
+        )
+
+    return run_with_policy(env, url, out_dir / "servers", token, choice, job) | {"out_dir": str(out_dir)}
+
+
+def eval_temperature(temperature: float | None, k: int) -> float:
+    """The temperature asked for; None: greedy for one sample a task, 1 for several."""
+    return (0.0 if k == 1 else 1.0) if temperature is None else temperature
+
+
+def eval_folder(out: str | Path | None, env: str, split: str, policy: str) -> Path:
+    """``out``, or a new folder under ``runs/eval`` named for the evaluation and the time."""
+    return Path(out or Path("runs/eval") / f"{env}-{split}-{policy}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+class PolicyChoice(NamedTuple):
+    """Which policy plays (see :func:`agentgym.evaluation.build_policy`)."""
+
+    kind: str
+    model: str | None
+    base_url: str | None = None
+    api_key: str | None = None
+    concurrency: int = 8
+    tool_calls: bool = False
+
+    def build(self, model: str | None = None) -> Policy:
+        """The policy, of ``model`` instead of the choice's own when given (a critic)."""
+        return build_policy(
+            self.kind,
+            model=model or self.model,
+            base_url=self.base_url,
+            api_key=self.api_key,
+            concurrency=self.concurrency,
+            tool_calls=self.tool_calls and model is None,
+        )
+
+
+def run_with_policy(
+    env: str,
+    url: str | None,
+    log_dir: Path,
+    token: str | None,
+    choice: PolicyChoice,
+    job: Callable[[str, Policy], Awaitable[T]],
+) -> T:
+    """``job(server_url, policy)`` on ``env``'s server at ``url`` (a local one, logging to
+    ``log_dir``, when None) with the ``choice`` of policy, closed after. The model is checked
+    before any server starts, the server before the model loads; ``UsageError`` for bad
+    arguments, :class:`ServerStartError` when the local server fails."""
+    check_policy_model(choice.kind, choice.model)
     with contextlib.ExitStack() as stack:
         try:
-            server_url = stack.enter_context(env_server(env, url, out_dir / "servers"))
+            server_url = stack.enter_context(env_server(env, url, log_dir))
         except (RuntimeError, TimeoutError) as exc:
-            raise ServerStartError(f"{exc} (see the logs in {out_dir / 'servers'}/)") from None
+            raise ServerStartError(f"{exc} (see the logs in {log_dir}/)") from None
         asyncio.run(check_server(server_url, env, token))  # a wrong server before a model loads
-        args = {"base_url": None, "api_key": None} | (policy_args or {})
-        built = build_policy(policy, model=spec, concurrency=concurrency, **args)
+        built = choice.build()
 
-        async def run() -> dict[str, Any]:
+        async def run() -> T:
             try:
-                return await evaluate_on(
-                    server_url,
-                    built,
-                    config,
-                    token=token,
-                    on_plan=on_plan,
-                    on_episode=on_episode,
-                    on_resume=on_resume,
-                )
+                return await job(server_url, built)
             finally:
                 await built.close()
 
-        results = asyncio.run(run())
-    return results | {"out_dir": str(out_dir)}
+        return asyncio.run(run())
 
 
 class ServerStartError(RuntimeError):

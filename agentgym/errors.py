@@ -170,3 +170,8 @@ def error_from_body(status: int, body: object, retry_after: float | None = None)
     exc = AgentGymError(f"HTTP {status}: {body!r}"[:500], retry_after=retry_after)
     exc.status = status  # type: ignore[misc]  # keep the real status on the generic error
     return exc
+
+
+class UsageError(ValueError):
+    """A bad argument of the Python API or the CLI (unknown policy, unreachable or wrong
+    server, ...), found before any engine sees it: the CLI exits 2."""

@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 
 from agentgym.client import RetryPolicy
-from agentgym.errors import AgentGymError
+from agentgym.errors import AgentGymError, UsageError
 from agentgym.openenv_client import env_client
 from agentgym.policies import POLICY_KINDS, Policy, make_policy
 from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
@@ -50,10 +50,6 @@ SETTINGS_FILE = "settings.json"
 """What an evaluation folder's episodes were played with, written before the first episode."""
 RESUMABLE = frozenset({"n", "k", "concurrency"})
 """Settings a resumed evaluation may change: they add tasks or samples, or pace the same plan."""
-
-
-class UsageError(ValueError):
-    """A bad argument (unknown policy, unreachable or wrong server, ...): the CLI exits 2."""
 
 
 @dataclass

@@ -18,10 +18,11 @@ from typing import Any
 
 import yaml
 
+from agentgym.play_profile import PlayProfile, read_play, write_play
 from agentgym.policies.chat import stop_token_ids
 from agentgym.policies.dtypes import AUTO, check_dtype_name, export_dtype
 from agentgym.policies.runs import RUN_CONFIG, RunCheckpoint, find_checkpoint
-from agentgym.run_folder import READABLE_FILE, READABLE_FOLDER, MetricsLog, read_play, write_play
+from agentgym.run_folder import READABLE_FILE, READABLE_FOLDER, MetricsLog
 
 HELD_OUT_PREFIX = ("val_", "eval_")
 """Metrics of the held-out evaluations: validation (``val_success_rate``, ...) and the
@@ -50,7 +51,7 @@ def export_run(
             f"{run} is not a training run folder (config.yaml and checkpoints/) nor one of its checkpoints"
         )
     played = read_play(checkpoint.run)
-    trained = (played or {}).get("dtype")
+    trained = played.dtype if played else None
     written_dtype = export_dtype(dtype, trained)
     loaded = load_checkpoint(checkpoint, spec=str(run))
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -74,14 +75,14 @@ def export_run(
     return out
 
 
-def stop_where_the_run_stopped(generation: Any, tokenizer: Any, played: dict[str, Any] | None) -> None:
+def stop_where_the_run_stopped(generation: Any, tokenizer: Any, played: PlayProfile | None) -> None:
     """The generation config a plain ``generate`` reads: it stops on every token that ended a
     reply in the run (the end of turn as well as the eos) and, where the run recorded it,
     after the run's reply length, greedy as its held-out evaluation played."""
     generation.eos_token_id = sorted(stop_token_ids(tokenizer, generation))
-    if played and played.get("max_new_tokens"):
-        generation.max_new_tokens = int(played["max_new_tokens"])
-    if played and played.get("temperature") == 0:
+    if played and played.max_new_tokens:
+        generation.max_new_tokens = played.max_new_tokens
+    if played and played.temperature == 0:
         generation.do_sample, generation.temperature, generation.top_p, generation.top_k = (
             False,
             None,

@@ -45,23 +45,6 @@ LEGACY_FILES = ("trainable.pt", "optimizer.pt", "state.json")
 STEP_PREFIX = "step-"
 BEST_BY = "val_success_rate"
 """The metric the best checkpoint is chosen by: validation success, never the test panel's."""
-PLAY_FILE = "play.json"
-"""How the run's held-out evaluation plays its model (agent format, reply length, turn
-limit, valid commands shown or constrained, temperature): written by the trainer, copied
-by ``export``, read by ``eval --model`` so a trained model is played as it was trained."""
-PLAY_KEYS = (
-    "agent_format",
-    "max_new_tokens",
-    "max_turns",
-    "show_actions",
-    "action_order",
-    "constrain_actions",
-    "temperature",
-)
-PLAY_OPTIONAL_KEYS = ("dtype",)
-"""Kept in the play record where given, not required of one: the dtype the run trained and
-was evaluated in (:mod:`agentgym.policies.dtypes`; records from before it lack it)."""
-
 log = logging.getLogger(__name__)
 
 
@@ -93,7 +76,7 @@ READABLE_FILE, READABLE_FOLDER = 0o644, 0o755
 are created private (0600, 0700), so they are opened up before they take their names."""
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str) -> None:
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as tmp:
         tmp.write(text)
         tmp.flush()
@@ -355,7 +338,7 @@ class RunDir:
             os.replace(final, replaced)
         os.replace(staging, final)
         _fsync_dir(self.checkpoints)
-        _atomic_write_text(self.checkpoints / "latest", name)
+        atomic_write_text(self.checkpoints / "latest", name)
         shutil.rmtree(replaced, ignore_errors=True)
         return final
 
@@ -408,7 +391,7 @@ class MetricsLog:
     def _truncate_after(self, step: int) -> None:
         """Keep the records up to ``step`` (a torn last line from a crash is dropped)."""
         kept = [line for line, record in self._lines() if record.get("step", 0) <= step]
-        _atomic_write_text(self.path, "".join(f"{line}\n" for line in kept))
+        atomic_write_text(self.path, "".join(f"{line}\n" for line in kept))
 
     def log(self, record: dict[str, Any]) -> None:
         with open(self.path, "a") as fh:
@@ -445,19 +428,6 @@ def numeric(record: dict[str, Any]) -> dict[str, float]:
         for key, value in record.items()
         if isinstance(value, int | float) and not isinstance(value, bool) and key != "step"
     }
-
-
-def write_play(folder: Path, settings: dict[str, Any]) -> None:
-    """Record how ``folder``'s model is played (:data:`PLAY_KEYS`, and the
-    :data:`PLAY_OPTIONAL_KEYS` that ``settings`` has)."""
-    kept = [*PLAY_KEYS, *(k for k in PLAY_OPTIONAL_KEYS if k in settings)]
-    _atomic_write_text(Path(folder) / PLAY_FILE, json.dumps({k: settings[k] for k in kept}, indent=1) + "\n")
-
-
-def read_play(folder: Path) -> dict[str, Any] | None:
-    """``folder``'s play record, or None where it has none (or an unreadable one)."""
-    settings = read_json_object(Path(folder) / PLAY_FILE)
-    return settings if settings is not None and set(PLAY_KEYS) <= set(settings) else None
 
 
 def read_json_object(path: Path) -> dict[str, Any] | None:

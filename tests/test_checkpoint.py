@@ -17,7 +17,8 @@ from conftest import TINY_RUN
 from typer.testing import CliRunner, Result
 
 from agentgym.cli import app
-from agentgym.run_folder import PLAY_FILE, PLAY_KEYS, MetricsLog, RunDir, rng_state, write_play
+from agentgym.play_profile import PLAY_FILE, PlayProfile, write_play
+from agentgym.run_folder import MetricsLog, RunDir, rng_state
 from agentgym.trainers.config import TrainConfig
 
 
@@ -336,7 +337,7 @@ def test_a_run_folder_is_readable_by_others(tmp_path: Path) -> None:
     log.log({"step": 2})
     log.close()
     MetricsLog(run.metrics_path, resume_step=1).close()  # cut back: rewritten whole
-    write_play(run.path, dict.fromkeys(PLAY_KEYS, 1))
+    write_play(run.path, PlayProfile())
     modes = {
         p.name: p.stat().st_mode & 0o777
         for p in [folder, *folder.iterdir(), run.metrics_path, run.path / PLAY_FILE]

@@ -49,7 +49,7 @@ def run_eval(*args: str) -> tuple[str, dict]:
         ),
         (
             ["--env", "textworld", "--policy", "expert", "--constrain-actions"],
-            "--constrain-actions needs --policy hf or vllm or openai",
+            "constrain_actions needs policy hf or vllm or openai (--constrain-actions",
         ),
         (
             ["--env", "textworld", "--policy", "expert", "--model", "smollm2-135m"],

@@ -6,7 +6,7 @@ From low to high: the env contract (``core``, ``errors``, ``inputs``, ``cache``,
 ``problems``) < an env
 (``agentgym.envs.NAME``, which imports only the contract and itself; the contract imports only
 itself) < servers, policies and
-the rest of ``agentgym`` < the trainer < the CLI. Nothing imports upward, no module outside
+the rest of ``agentgym`` < the trainer < the Python API (``agentgym.api``) < the CLI. Nothing imports upward, no module outside
 an env's folder imports that env (the registry names them as strings), and no two modules
 import each other, however indirectly.
 
@@ -33,8 +33,9 @@ CONTRACT = {
     "agentgym.dialects",
 }
 """What an env may import besides itself."""
-TOP = ("agentgym.trainers", "agentgym.cli")
-"""Imported only from above: the trainer by the CLI, the CLI by nothing."""
+TOP = ("agentgym.trainers", "agentgym.api", "agentgym.cli")
+"""Imported only from above: the trainer by the Python API and the CLI, the Python API (the
+CLI's twin, which reads a trainer's run config) by the CLI, the CLI by nothing."""
 KNOWN_DEBTS: set[str] = set()
 
 

@@ -23,6 +23,7 @@ from conftest import run_metrics
 from test_trainer_recipes import train
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from agentgym.api import evaluate
 from agentgym.policies.hf import HFPolicy
 from agentgym.servers.launcher import free_port
 from agentgym.trajectory import read_jsonl
@@ -108,6 +109,9 @@ def test_eval_plays_a_run_as_its_held_out_evaluation_did_unless_told_otherwise(
     played = json.loads((tmp_path / "legacy" / "results.json").read_text())["config"]
     assert (played["format"], played["max_new_tokens"], played["show_actions"]) == ("plain", 4, True)
     assert played["action_order"] == "listed"
+    # From Python the old run plays exactly as from the CLI (one play profile, one reader).
+    from_python = evaluate("choice", legacy, n=2, url=choice_url, out=tmp_path / "legacy-py")["config"]
+    assert from_python == played
 
 
 def test_export_writes_a_folder_plain_transformers_loads(

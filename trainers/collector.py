@@ -20,11 +20,10 @@ from typing import Any
 
 import torch
 
+from agentgym.play_profile import PlayProfile
 from agentgym.policies.base import SamplingParams
-from agentgym.policies.runs import RUN_CONFIG, played_by, run_of
 from agentgym.rollout import EpisodeSpec, RolloutConfig
 from agentgym.trainers.algorithms import ADVANTAGE_ESTIMATORS, dynamic_sampling_keep, shuffled_advantages
-from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.distributed import DataParallel
 from agentgym.trainers.generators import Generator
 from agentgym.trainers.learner import Learner
@@ -277,29 +276,8 @@ async def _result_of(task: asyncio.Task) -> Any:
     return await task
 
 
-def play_settings(rollout: RolloutConfig) -> dict[str, Any]:
-    """A rollout config as a run folder's play record (:data:`~agentgym.run_folder.PLAY_KEYS`)."""
-    return {
-        "agent_format": rollout.format,
-        "max_new_tokens": rollout.sampling.max_new_tokens,
-        "max_turns": rollout.max_turns,
-        "show_actions": rollout.show_actions,
-        "action_order": rollout.action_order,
-        "constrain_actions": rollout.constrain_actions,
-        "temperature": rollout.sampling.temperature,
-    }
-
-
-def evaluation_rollout(spec: str | Path | None) -> dict[str, Any] | None:
-    """How the run or exported model ``spec`` names was played in its held-out evaluations
-    (:data:`~agentgym.run_folder.PLAY_KEYS`), so that evaluating it again plays it the same
-    way; None for any other model. A run from before the play record: from its config."""
-    if (settings := played_by(spec)) is not None or (run := run_of(spec)) is None:
-        return settings
-    return held_out_play(TrainConfig.load(run / RUN_CONFIG))
-
-
-def held_out_play(config: Any) -> dict[str, Any]:
-    """How a run's held-out evaluation plays (greedy, at the env's fixed turn limit), as its
-    play record."""
-    return play_settings(rollout_config(config, config.eval_horizon, sampling(config, greedy=True)))
+def held_out_play(config: Any, dtype: str | None = None) -> PlayProfile:
+    """How a run's held-out evaluation plays (greedy, at the env's fixed turn limit)."""
+    return PlayProfile.of_rollout(
+        rollout_config(config, config.eval_horizon, sampling(config, greedy=True)), dtype
+    )

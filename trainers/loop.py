@@ -28,11 +28,12 @@ from rich.table import Table
 
 from agentgym.core import resolve_split
 from agentgym.openenv_client import env_client, is_openenv_url, openenv_task_ids
+from agentgym.play_profile import write_play
 from agentgym.policies.dtypes import dtype_name
 from agentgym.policies.hf import HFPolicy
 from agentgym.progress import make_console
 from agentgym.progress import progress as progress_display
-from agentgym.run_folder import MetricsLog, RunDir, write_play
+from agentgym.run_folder import MetricsLog, RunDir
 from agentgym.trainers import heldout, manifest
 from agentgym.trainers.agentevol.regime import AgentEvol
 from agentgym.trainers.batch import TokenBatch
@@ -287,7 +288,7 @@ class Trainer:
         self._list_tasks()  # before the model loads: an env that cannot train fails in seconds
         policy = HFPolicy(config.model, dtype=config.dtype, device=self.dp.device())
         if self.dp.main:  # the dtype it trains in is the one it plays, serves and exports in
-            write_play(self.run_dir.path, held_out_play(config) | {"dtype": dtype_name(policy.model.dtype)})
+            write_play(self.run_dir.path, held_out_play(config, dtype_name(policy.model.dtype)))
         self.tokenizer = policy.tokenizer
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.learner = Learner(config, policy, self.dp)

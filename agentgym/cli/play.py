@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
-import yaml
 
 from agentgym.cli.common import (
     EXIT_USAGE,
@@ -37,8 +34,11 @@ from agentgym.cli.common import (
     require_env,
 )
 from agentgym.cli.display import episode_progress, families_table, print_critic_results, results_table
+from agentgym.errors import UsageError
 
 if TYPE_CHECKING:
+    from agentgym.api import PolicyChoice
+    from agentgym.play_profile import PlayProfile
     from agentgym.policies.base import Policy, SamplingParams
     from agentgym.rollout import RolloutConfig
     from agentgym.trajectory import Trajectory
@@ -57,55 +57,25 @@ def _require_policy(kind: str) -> None:
         raise fail(f"unknown policy {kind!r}; choose one of {', '.join(POLICY_KINDS)}", EXIT_USAGE)
 
 
-def _rollout_config(
-    play: dict[str, Any], concurrency: int, temperature: float, history_turns: int | None = None
-) -> RolloutConfig:
-    from agentgym.api import rollout_config
-    from agentgym.evaluation import UsageError
+def _play_profile(model: str | None, policy: str, given: dict[str, Any]) -> PlayProfile:
+    """:func:`agentgym.api.play_profile`, saying where the settings came from; exit 2 on bad ones."""
+    from agentgym.api import play_profile
 
     try:
-        return rollout_config(
-            play, concurrency=concurrency, temperature=temperature, history_turns=history_turns
-        )
+        return play_profile(model, policy, given, on_note=console.print)
     except UsageError as exc:
         raise fail(str(exc), EXIT_USAGE) from None
 
 
-def _as_the_run_played(model: str | None, policy: str) -> dict[str, Any]:
-    """``PLAY_DEFAULTS``, or, for a training run or a model exported from one, how the run's
-    held-out evaluation played (its model was trained on that format and those observations)."""
-    from agentgym.api import PLAY_DEFAULTS, as_policy_can_play
-    from agentgym.trainers.collector import evaluation_rollout
-
+def _rollout(
+    profile: PlayProfile, kind: str, concurrency: int, temperature: float, history_turns: int | None = None
+) -> RolloutConfig:
     try:
-        played = evaluation_rollout(model)
-    except (OSError, ValueError, yaml.YAMLError) as exc:  # e.g. a run of an older version
-        console.print(
-            f"[yellow]the run's config.yaml does not load ({exc}); playing with eval's defaults[/yellow]"
+        return profile.rollout(
+            kind, concurrency=concurrency, temperature=temperature, history_turns=history_turns
         )
-        return PLAY_DEFAULTS
-    if played is None:
-        return PLAY_DEFAULTS
-    playable = as_policy_can_play(played, policy)
-    settings = {key: playable[key] for key in PLAY_DEFAULTS}
-    if settings["constrain_actions"] != played["constrain_actions"]:
-        console.print(f"(--policy {policy} decodes unconstrained: the commands are shown, not enforced)")
-    console.print(
-        "playing as the run's held-out evaluation did (options given override): "
-        + ", ".join(f"{name} {value}" for name, value in settings.items())
-    )
-    return settings
-
-
-class PolicyChoice(NamedTuple):
-    """The policy options of ``eval`` and ``collect`` (see ``evaluation.build_policy``)."""
-
-    kind: str
-    model: str | None
-    base_url: str | None
-    api_key: str | None
-    concurrency: int
-    tool_calls: bool = False
+    except UsageError as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
 
 
 def _run_policy_job(
@@ -116,35 +86,24 @@ def _run_policy_job(
     job: Callable[[str, Policy, EpisodeCallbacks], Awaitable[T]],
     choice: PolicyChoice,
 ) -> T:
-    """Start the env server unless ``url`` is given, build the ``choice`` of policy,
-    run ``job(url, policy, (on_plan, on_episode))`` under an episode progress bar, close
-    both. Bad arguments exit with code 2, a server that fails to start with 1."""
-    from agentgym.evaluation import UsageError, build_policy, check_server, env_server
+    """:func:`agentgym.api.run_with_policy` under an episode progress bar: ``job(url,
+    policy, (on_plan, on_episode))``. Bad arguments exit with code 2, a server that fails
+    to start with 1."""
+    from agentgym.api import ServerStartError, run_with_policy
 
-    check_model_loads(choice.kind, choice.model)
+    shown = episode_progress()
 
     async def run(server_url: str, policy: Policy) -> T:
-        shown = episode_progress()
-        try:
-            with shown.bar:
-                return await job(server_url, policy, (shown.on_plan, shown.on_episode))
-        finally:
-            await policy.close()
+        with shown.bar:
+            return await job(server_url, policy, (shown.on_plan, shown.on_episode))
 
-    with contextlib.ExitStack() as stack:
-        with console.status(f"starting a local {env} server ..." if url is None else "connecting ..."):
-            try:
-                server_url = stack.enter_context(env_server(env, url, log_dir))
-            except (RuntimeError, TimeoutError) as exc:
-                raise fail(f"{exc} (see the logs in {log_dir}/)") from None
-        try:
-            asyncio.run(check_server(server_url, env, token))
-            with console.status(f"loading the {choice.kind} policy ..."):
-                args = _policy_args(choice, choice.model)
-                policy = build_policy(choice.kind, **args, tool_calls=choice.tool_calls)
-            return asyncio.run(run(server_url, policy))
-        except UsageError as exc:
-            raise fail(str(exc), EXIT_USAGE) from None
+    console.print(f"starting a local {env} server ..." if url is None else f"connecting to {url} ...")
+    try:
+        return run_with_policy(env, url, log_dir, token, choice, run)
+    except UsageError as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
+    except ServerStartError as exc:
+        raise fail(str(exc)) from None
 
 
 EpisodeCallbacks = tuple[Callable[[int, int], None], Callable[["Trajectory"], None]]
@@ -213,6 +172,7 @@ def evaluate_policy(
     voting accuracy). A training run given as --model plays as its held-out evaluation did
     (reply format and length, valid commands shown or constrained, turn limit), unless an
     option says otherwise. Exit code 3: too many episodes failed for infrastructure reasons."""
+    from agentgym.api import PolicyChoice, eval_folder, eval_temperature
     from agentgym.evaluation import (
         EXIT_INFRASTRUCTURE,
         RESULTS_FILE,
@@ -222,15 +182,7 @@ def evaluate_policy(
 
     require_env(env, url)
     _require_policy(policy)
-    from agentgym.policies import CONSTRAINING_KINDS
-
-    if constrain_actions and policy not in CONSTRAINING_KINDS:
-        kinds = " or ".join(CONSTRAINING_KINDS)
-        raise fail(
-            f"--constrain-actions needs --policy {kinds} (the others decode unconstrained)", EXIT_USAGE
-        )
-    temperature = temperature if temperature is not None else (0.0 if k == 1 else 1.0)
-    out = out or Path("runs/eval") / f"{env}-{split}-{policy}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = eval_folder(out, env, split, policy)
     given = {
         "agent_format": agent_format,
         "max_new_tokens": max_new_tokens,
@@ -239,13 +191,12 @@ def evaluate_policy(
         "action_order": action_order,
         "constrain_actions": constrain_actions,
     }
-    played = _as_the_run_played(model, policy)
-    play = {name: played[name] if value is None else value for name, value in given.items()}
     choice = PolicyChoice(policy, model, base_url, api_key, concurrency, tool_calls)
     if critic is not None:
         from agentgym.registry import serves_problems
 
-        rollout = _rollout_config(play, concurrency, temperature, history_turns)
+        profile = _play_profile(model, policy, given)
+        rollout = _rollout(profile, policy, concurrency, eval_temperature(temperature, k), history_turns)
         check_model_loads(policy, critic)
         if serves_problems(env):
             _evaluate_with_critic(env, split, n, k, choice, critic, rollout.sampling, out, url)
@@ -253,7 +204,9 @@ def evaluate_policy(
             _evaluate_episodes_with_critic(env, split, n, choice, critic, rollout, out, url, token)
         return
     try:
-        results = _evaluate(env, choice, split, n, k, out, url, token, seed, temperature, history_turns, play)
+        results = _evaluate(
+            env, choice, split, n, k, out, url, token, seed, temperature, history_turns, given
+        )
     except KeyboardInterrupt:
         saved = (
             f"{count_lines(out / TRAJECTORIES_FILE)} finished episodes are saved in {out / TRAJECTORIES_FILE}"
@@ -276,14 +229,13 @@ def _evaluate(
     url: str | None,
     token: str | None,
     seed: int,
-    temperature: float,
+    temperature: float | None,
     history_turns: int | None,
-    play: dict[str, Any],
+    given: dict[str, Any],
 ) -> dict[str, Any]:
     """:func:`agentgym.api.evaluate` under an episode progress bar; exit 2 on bad arguments,
     1 when the local server does not start."""
     from agentgym.api import ServerStartError, evaluate
-    from agentgym.evaluation import UsageError
 
     shown = episode_progress()
     console.print(f"starting a local {env} server ..." if url is None else f"connecting to {url} ...")
@@ -303,7 +255,7 @@ def _evaluate(
                 concurrency=choice.concurrency,
                 temperature=temperature,
                 history_turns=history_turns,
-                play=play,
+                play=given,
                 policy_args={
                     "base_url": choice.base_url,
                     "api_key": choice.api_key,
@@ -312,6 +264,7 @@ def _evaluate(
                 on_plan=shown.on_plan,
                 on_episode=shown.on_episode,
                 on_resume=shown.on_resume,
+                on_note=console.print,
             )
     except UsageError as exc:
         raise fail(str(exc), EXIT_USAGE) from None
@@ -333,14 +286,12 @@ def _evaluate_with_critic(
     """``eval --critic``: the actor (``choice``) and the critic (same backend, model
     ``critic``) play critique rounds on ``split``'s problems; no env server is involved."""
     from agentgym.critic_eval import catalogue_problems, evaluate_critic
-    from agentgym.evaluation import UsageError, build_policy
 
     if url is not None:
         raise fail(f"--critic reads the problems from the {env} catalogue itself: drop --url", EXIT_USAGE)
 
     async def run() -> dict[str, Any]:
-        actor = build_policy(choice.kind, **_policy_args(choice, choice.model))
-        judge = build_policy(choice.kind, **_policy_args(choice, critic))
+        actor, judge = choice.build(), choice.build(critic)
         try:
             return await evaluate_critic(
                 env, actor, judge, catalogue_problems(env, split, n), out, k=k, sampling=sampling
@@ -371,10 +322,9 @@ def _evaluate_episodes_with_critic(
     """``eval --critic`` on an agent env: the actor plays episodes, the critic (same backend,
     model ``critic``) judges each one, the actor replays each task with the critique."""
     from agentgym.critic_eval import evaluate_episode_critic
-    from agentgym.evaluation import build_policy
 
     async def job(server_url: str, actor: Policy, callbacks: EpisodeCallbacks) -> dict[str, Any]:
-        judge = build_policy(choice.kind, **_policy_args(choice, critic))
+        judge = choice.build(critic)
         on_plan, on_episode = callbacks
         try:
             return await evaluate_episode_critic(
@@ -395,15 +345,6 @@ def _evaluate_episodes_with_critic(
 
     results = _run_policy_job(env, url, out / "servers", token, job, choice)
     print_critic_results(env, split, results, out)
-
-
-def _policy_args(choice: PolicyChoice, model: str | None) -> dict[str, Any]:
-    return {
-        "model": model,
-        "base_url": choice.base_url,
-        "api_key": choice.api_key,
-        "concurrency": choice.concurrency,
-    }
 
 
 @commands.command()
@@ -445,15 +386,11 @@ def collect(
         raise fail(
             f"unknown --format {output_format!r}; choose one of {', '.join(DATASET_FORMATS)}", EXIT_USAGE
         )
-    play = {
-        "agent_format": agent_format,
-        "max_turns": max_turns,
-        "max_new_tokens": max_new_tokens,
-        "show_actions": False,
-        "action_order": "hashed",
-        "constrain_actions": False,
-    }
-    rollout = _rollout_config(play, concurrency, temperature)
+    from agentgym.api import PolicyChoice
+    from agentgym.play_profile import PlayProfile
+
+    played = PlayProfile(agent_format=agent_format, max_turns=max_turns, max_new_tokens=max_new_tokens)
+    rollout = _rollout(played, policy, concurrency, temperature)
 
     async def job(server_url: str, built: Policy, callbacks: EpisodeCallbacks) -> dict[str, int]:
         on_plan, on_episode = callbacks

@@ -57,7 +57,7 @@ class HFPolicy:
     ) -> None:
         self.name = name or model
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        trained = (played_by(model) or {}).get("dtype")
+        trained = played.dtype if (played := played_by(model)) else None
         loaded = load_causal_lm(
             model, dtype=resolve_dtype(dtype, self.device, trained), device=str(self.device)
         )

@@ -15,8 +15,9 @@ from typing import Any
 
 import yaml
 
+from agentgym.play_profile import PlayProfile, read_play
 from agentgym.policies.adapters import LoraSettings, adapt
-from agentgym.run_folder import CHECKPOINTS, RunDir, checkpoint_problem, load_trainable, read_play
+from agentgym.run_folder import CHECKPOINTS, RunDir, checkpoint_problem, load_trainable
 
 RUN_CONFIG = "config.yaml"
 LORA_FIELDS = tuple(field.name for field in fields(LoraSettings))
@@ -58,10 +59,10 @@ def run_of(spec: str | Path | None) -> Path | None:
     return None
 
 
-def played_by(spec: str | Path | None) -> dict[str, Any] | None:
+def played_by(spec: str | Path | None) -> PlayProfile | None:
     """How the training run or exported model ``spec`` played its held-out evaluations (its
-    play record, :data:`~agentgym.run_folder.PLAY_KEYS`); None for any other model, and for
-    a run from before the play record."""
+    play record); None for any other model, and for a run from before the play record
+    (:func:`agentgym.api.recorded_play` reads those from their config)."""
     folder = run_of(spec) or (Path(spec) if spec is not None and Path(spec).is_dir() else None)
     return read_play(folder) if folder is not None else None
 
