@@ -120,7 +120,7 @@ class _Connection:
             self.refused = response.status_code
 
 
-class _Episode:
+class _McpEpisode:
     """One episode: its MCP session, and a lock so that its actions go one at a time."""
 
     def __init__(self, connection: _Connection, session: ClientSession) -> None:
@@ -145,9 +145,9 @@ class McpEnvClient:
         self.url = base_url.rstrip("/")
         self.timeout = timeout
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._control: _Episode | None = None
+        self._control: _McpEpisode | None = None
         """The MCP session that answers env_info and list_tasks (opened on first use)."""
-        self._episodes: dict[str, _Episode] = {}
+        self._episodes: dict[str, _McpEpisode] = {}
         self._typed: dict[str, str] | None = None
         """Action tool -> its string argument, read from the server's tool list once."""
 
@@ -177,7 +177,7 @@ class McpEnvClient:
     ) -> SessionCreated:
         """Open an MCP session and start its episode (``start_episode``)."""
         choice = {"task_id": task_id, "split": split, "index": index, "seed": seed, "options": options}
-        episode = _Episode(*await _Connection.open(self.url, self._headers, self.timeout))
+        episode = _McpEpisode(*await _Connection.open(self.url, self._headers, self.timeout))
         session_id = uuid.uuid4().hex
         self._episodes[session_id] = episode
         try:
@@ -222,7 +222,7 @@ class McpEnvClient:
 
         async def ask() -> Any:
             if self._control is None:
-                self._control = _Episode(*await _Connection.open(self.url, self._headers, self.timeout))
+                self._control = _McpEpisode(*await _Connection.open(self.url, self._headers, self.timeout))
             return _model(model, await _call(self._control, tool, arguments), tool)
 
         try:
@@ -236,7 +236,7 @@ class McpEnvClient:
             await self._control.connection.close()
             self._control = None
 
-    async def _action_tools(self, episode: _Episode) -> dict[str, str]:
+    async def _action_tools(self, episode: _McpEpisode) -> dict[str, str]:
         """The server's typed action tools (name -> argument), read once."""
         if self._typed is None:
             listed = await episode.session.list_tools()
@@ -254,7 +254,7 @@ class McpEnvClient:
             return ACT_TOOL, {typed[ACT_TOOL]: action}
         raise InvalidAction(f"{action!r} is none of the server's actions ({', '.join(sorted(typed))})")
 
-    def _episode(self, session_id: str) -> _Episode:
+    def _episode(self, session_id: str) -> _McpEpisode:
         episode = self._episodes.get(session_id)
         if episode is None:
             raise UnknownSession(f"no session {session_id!r} (never created or closed)")
@@ -262,7 +262,7 @@ class McpEnvClient:
 
 
 async def _call(
-    episode: _Episode, tool: str, arguments: dict[str, Any], *, action: bool = False
+    episode: _McpEpisode, tool: str, arguments: dict[str, Any], *, action: bool = False
 ) -> dict[str, Any]:
     """A tool's structured result; its errors as ours (see the module docstring)."""
     try:

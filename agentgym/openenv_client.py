@@ -92,7 +92,7 @@ def openenv_task_ids(split: str, count: int = TASKS_PER_SPLIT) -> list[str]:
 
 
 @dataclass
-class _Episode:
+class _OpenEnvEpisode:
     """One OpenEnv session: its connection and the running totals our info needs."""
 
     connection: ClientConnection
@@ -127,7 +127,7 @@ class OpenEnvClient:
         self._http = httpx.AsyncClient(base_url=self.http_url, timeout=timeout, headers=self._headers)
         self._keys: tuple[str, str | None] | None = (action_key, observation_key) if action_key else None
         self._observation_key = observation_key
-        self._episodes: dict[str, _Episode] = {}
+        self._episodes: dict[str, _OpenEnvEpisode] = {}
         self._tool_mode = False
         """The env's actions are tool calls (set from ``/schema``)."""
         self._tools: dict[str, list[str]] | None = None
@@ -179,7 +179,7 @@ class OpenEnvClient:
         reset = {"seed": _seed_of(task_id)} if task_id else ({"seed": seed} if seed is not None else {})
         await self._schema_keys()  # before a session is held
         connection = await self._connect()
-        episode = _Episode(connection, task_id or f"seed-{reset.get('seed')}")
+        episode = _OpenEnvEpisode(connection, task_id or f"seed-{reset.get('seed')}")
         session_id = uuid.uuid4().hex
         self._episodes[session_id] = episode
         try:
@@ -256,7 +256,7 @@ class OpenEnvClient:
             self._keys = (action_key, self._observation_key or _text_field(schema.get("observation", {})))
         return self._keys
 
-    async def _tool_list(self, episode: _Episode) -> dict[str, list[str]]:
+    async def _tool_list(self, episode: _OpenEnvEpisode) -> dict[str, list[str]]:
         """The env's tools and their required arguments, listed once (over ``episode``)."""
         if self._tools is None:
             reply = await self._exchange(episode, {"type": "step", "data": {"type": "list_tools"}})
@@ -278,7 +278,7 @@ class OpenEnvClient:
         except (OSError, TimeoutError, WebSocketException) as exc:
             raise EngineError(f"cannot reach the OpenEnv server at {self.ws_url}: {exc}") from None
 
-    async def _exchange(self, episode: _Episode, message: dict[str, Any]) -> dict[str, Any]:
+    async def _exchange(self, episode: _OpenEnvEpisode, message: dict[str, Any]) -> dict[str, Any]:
         """Send one message, read its reply's ``data``; an error reply raises."""
         try:
             await episode.connection.send(json.dumps(message))
@@ -293,7 +293,7 @@ class OpenEnvClient:
         return reply.get("data", {})
 
     def _read(
-        self, episode: _Episode, reply: dict[str, Any]
+        self, episode: _OpenEnvEpisode, reply: dict[str, Any]
     ) -> tuple[str, dict[str, Any], tuple[bool, bool]]:
         """(observation text, info, (terminated, truncated)) of a reply's data."""
         fields = dict(reply.get("observation") or {})
@@ -328,7 +328,7 @@ class OpenEnvClient:
             return fields.pop(strings[0])
         return json.dumps(fields, sort_keys=True)
 
-    def _episode(self, session_id: str) -> _Episode:
+    def _episode(self, session_id: str) -> _OpenEnvEpisode:
         episode = self._episodes.get(session_id)
         if episode is None:
             raise UnknownSession(f"no session {session_id!r} (never created or closed)")

@@ -105,7 +105,7 @@ class Act(_Arguments):
 
 
 @dataclass(frozen=True)
-class ActionType:
+class TypedAction:
     """A typed action of an env (``search[query]``): played by the tool ``verb``."""
 
     verb: str
@@ -115,17 +115,17 @@ class ActionType:
         return f"{self.verb}[{value}]"
 
 
-def action_types(action_format: str) -> list[ActionType]:
+def action_types(action_format: str) -> list[TypedAction]:
     """The typed actions an ``action_format`` names, first spelling of each verb; none
     whose verb is taken by a fixed or reserved tool name (``act`` plays those)."""
-    types_by_verb: dict[str, ActionType] = {}
+    types_by_verb: dict[str, TypedAction] = {}
     for verb, argument in _ACTION_TYPE.findall(action_format):
         if verb not in FIXED_TOOL_NAMES | RESERVED_TOOL_NAMES:
-            types_by_verb.setdefault(verb, ActionType(verb, argument))
+            types_by_verb.setdefault(verb, TypedAction(verb, argument))
     return list(types_by_verb.values())
 
 
-def _typed_arguments(kind: ActionType, max_chars: int) -> type[BaseModel]:
+def _typed_arguments(kind: TypedAction, max_chars: int) -> type[BaseModel]:
     """The input model of a typed action's tool: its one string argument."""
     limit = max(1, max_chars - len(kind.verb) - 2)  # a schema hint: the env's rules decide
     argument = Field(description=f"The text inside {kind.verb}[...]", json_schema_extra={"maxLength": limit})
@@ -162,7 +162,7 @@ Run = Callable[[Caller, Any], Awaitable[dict[str, Any]]]
 
 
 @dataclass(frozen=True)
-class Tool:
+class McpTool:
     name: str
     description: str
     arguments: type[BaseModel]
@@ -199,19 +199,19 @@ class EnvTools:
         self._held: dict[str, _Held] = {}
         self.tools = {tool.name: tool for tool in self._tools()}
 
-    def _tools(self) -> list[Tool]:
+    def _tools(self) -> list[McpTool]:
         form = self.catalog.action_format
         return [
-            Tool(
+            McpTool(
                 "env_info",
                 "What the env is: instruction for agents, action format, splits, turn limit.",
                 NoArguments,
                 self._env_info,
             ),
-            Tool(
+            McpTool(
                 "list_tasks", "The env's fixed tasks, one split or all, paged.", TaskQuery, self._list_tasks
             ),
-            Tool(
+            McpTool(
                 "start_episode",
                 "Start an episode on task_id, or on task `index` of `split`, or on a task of "
                 "`split` (default train) drawn with `seed`; returns the first observation, which states the "
@@ -220,27 +220,27 @@ class EnvTools:
                 self._start,
                 episode=True,
             ),
-            Tool(
+            McpTool(
                 "act", f"Play one action, in the env's action format: {form}.", Act, self._act, episode=True
             ),
             *self._typed_tools(),
-            Tool(
+            McpTool(
                 "observe",
                 "The running episode: last observation, turn, score, done, available actions.",
                 NoArguments,
                 self._observe,
                 episode=True,
             ),
-            Tool(
+            McpTool(
                 "end_episode", "End the running episode and free its engine.", NoArguments, self._end_episode
             ),
         ]
 
-    def _typed_tools(self) -> list[Tool]:
+    def _typed_tools(self) -> list[McpTool]:
         """One tool per typed action of the env's action format (none for free text)."""
         max_chars = self.catalog.action_rules.max_chars
         return [
-            Tool(
+            McpTool(
                 kind.verb,
                 f"Play the action {kind.verb}[<{kind.argument}>].",
                 _typed_arguments(kind, max_chars),
@@ -322,7 +322,7 @@ class EnvTools:
         except EpisodeOver as exc:  # the env's message names REST's reset; here it is a tool
             raise EpisodeOver("the episode is over; call start_episode to play another") from exc
 
-    def _typed(self, kind: ActionType) -> Run:
+    def _typed(self, kind: TypedAction) -> Run:
         async def play(caller: Caller, arguments: BaseModel) -> dict[str, Any]:
             return await self._act(caller, Act(action=kind.action(getattr(arguments, kind.argument))))
 

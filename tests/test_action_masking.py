@@ -17,7 +17,7 @@ import torch
 
 from agentgym.policies.base import GenerationRequest, SamplingParams
 from agentgym.policies.hf import HFPolicy
-from agentgym.trainers.batch import TokenBatch, allowed_tokens, collate
+from agentgym.trainers.batch import TokenBatch, allowed_at_positions, collate
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.distributed import DataParallel
 from agentgym.trainers.learner import Learner
@@ -72,7 +72,7 @@ def test_behaviour_and_learner_log_probs_are_those_of_the_masked_distribution(ti
     sizes = [
         len(ids)
         for _, ids in sorted(
-            allowed_tokens(record["token_ids"], record["loss_mask"], [reply.choices]).items()
+            allowed_at_positions(record["token_ids"], record["loss_mask"], [reply.choices]).items()
         )
     ]
     for h, size in zip(entropy[0][agent].tolist(), sizes, strict=True):
@@ -86,12 +86,12 @@ def test_behaviour_and_learner_log_probs_are_those_of_the_masked_distribution(ti
 
 def test_allowed_tokens_follow_the_reply_through_its_choices() -> None:
     # Turn 1 (positions 2-4) chose [7, 8, 2] among [7, 8, 2], [7, 9, 2], [6, 2]; turn 2 was free.
-    allowed = allowed_tokens(
+    allowed = allowed_at_positions(
         [1, 1, 7, 8, 2, 1, 5, 2], [0, 0, 1, 1, 1, 0, 1, 1], [[[7, 8, 2], [7, 9, 2], [6, 2]], []]
     )
     assert allowed == {2: [6, 7], 3: [8, 9], 4: [2]}
     with pytest.raises(ValueError, match="agent turns"):
-        allowed_tokens([1, 7, 2], [0, 1, 1], [[], []])
+        allowed_at_positions([1, 7, 2], [0, 1, 1], [[], []])
 
 
 def forced_end_batch(learner: Learner, advantages: tuple[float, ...] = (1.0, -1.0, 1.0, -1.0)) -> TokenBatch:

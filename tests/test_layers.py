@@ -207,3 +207,14 @@ MAX_MODULE_LINES = 500
 def test_no_module_outside_tests_is_over_the_size_limit() -> None:
     sizes = {name: len(path.read_text().splitlines()) for name, path in modules(package_folders()).items()}
     assert {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES} == {}
+
+
+def test_no_two_classes_share_a_name() -> None:
+    """A reader who meets a class name knows which one it is (issue 61: two ``RunContext``s,
+    two ``Tool``s, two ``Summary``s once meant different things)."""
+    where: dict[str, list[str]] = {}
+    for name, path in modules(package_folders()).items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(name)
+    assert {cls: found for cls, found in where.items() if len(found) > 1} == {}

@@ -103,7 +103,7 @@ def collate(
     Records without them (demonstrations) get zeros, which only behaviour cloning may use.
     ``advantages``: per episode, a number or one per agent turn (:func:`per_token`).
     ``reply_choices`` (optional, one entry per agent turn) give each constrained token the
-    ids it was drawn among (:func:`allowed_tokens`)."""
+    ids it was drawn among (:func:`allowed_at_positions`)."""
     length = max(len(t["token_ids"]) for t in trajectories)
     batch = len(trajectories)
     input_ids = torch.full((batch, length), pad_id, dtype=torch.long)
@@ -122,7 +122,9 @@ def collate(
             if len(logprobs) != n:
                 raise ValueError("a trajectory's logprobs must have one entry per token (0 off agent tokens)")
             old_logp[row, :n] = torch.tensor(logprobs, dtype=torch.float) * mask
-    allowed = [allowed_tokens(r["token_ids"], r["loss_mask"], r.get("reply_choices")) for r in trajectories]
+    allowed = [
+        allowed_at_positions(r["token_ids"], r["loss_mask"], r.get("reply_choices")) for r in trajectories
+    ]
     width = max((len(ids) for rows in allowed for ids in rows.values()), default=1)
     allowed_ids = torch.full((batch, length, width), -1, dtype=torch.long)
     for row, positions in enumerate(allowed):
@@ -132,7 +134,7 @@ def collate(
     return TokenBatch(input_ids, attention, loss_mask, old_logp, token_advantages, weights, allowed_ids)
 
 
-def allowed_tokens(
+def allowed_at_positions(
     token_ids: Sequence[int],
     loss_mask: Sequence[int],
     reply_choices: Sequence[Sequence[Sequence[int]]] | None,
@@ -167,7 +169,7 @@ class TokenScores(NamedTuple):
     only token allowed there): its log-prob under the model's own, unmasked distribution."""
 
 
-def token_logprobs(
+def sequence_logprobs(
     model: torch.nn.Module,
     input_ids: Tensor,
     attention_mask: Tensor,

@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from agentgym.trainers.services import ExpertDemonstrations, GreedyPlay, RunContext
+from agentgym.trainers.services import ExpertDemonstrations, GreedyPlay, ServiceContext
 from agentgym.trainers.update import UpdateContext
 
 
-class TrainingContext(RunContext, UpdateContext, Protocol):
+class TrainingContext(ServiceContext, UpdateContext, Protocol):
     demos: ExpertDemonstrations
     """The expert's episodes (behaviour cloning, curricula, AgentEvol)."""
     greedy: GreedyPlay

@@ -20,7 +20,7 @@ from torch import Tensor
 from agentgym.policies.adapters import adapt
 from agentgym.policies.hf import HFPolicy
 from agentgym.trainers.algorithms import Prepass
-from agentgym.trainers.batch import TokenBatch, token_logprobs
+from agentgym.trainers.batch import TokenBatch, sequence_logprobs
 from agentgym.trainers.distributed import DataParallel
 
 PerTokenLoss = Callable[[TokenBatch], Tensor]
@@ -60,7 +60,7 @@ class Learner:
         """Log-probs (and entropies) of ``batch``'s agent tokens under the current weights, at
         the sampling temperature unless told otherwise; ``batch`` goes to the model's device."""
         batch = batch.to(self.device)
-        return token_logprobs(
+        return sequence_logprobs(
             self.model,
             batch.input_ids,
             batch.attention_mask,

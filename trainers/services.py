@@ -1,7 +1,7 @@
 """Services every training regime uses: the expert's demonstrations (behaviour cloning,
 the ``fits-horizon`` curriculum, AgentEvol's expert set) and greedy play with the current
 weights (held-out evaluation, the ``unsolved`` curriculum). Each reads the run through
-:class:`RunContext`, what the trainer offers them."""
+:class:`ServiceContext`, what the trainer offers them."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from agentgym.trajectory import Trajectory, TrajectoryWriter, read_trajectories
 log = logging.getLogger(__name__)
 
 
-class RunContext(Protocol):
+class ServiceContext(Protocol):
     """What the services read of the run."""
 
     config: Any
@@ -67,7 +67,7 @@ class TokenizedExpert:
 class ExpertDemonstrations:
     """The expert's won episodes on the train tasks, played once per run."""
 
-    def __init__(self, run: RunContext) -> None:
+    def __init__(self, run: ServiceContext) -> None:
         self.run = run
         self.expert: list[Trajectory] | None = None
 
@@ -124,7 +124,7 @@ class ExpertDemonstrations:
 class GreedyPlay:
     """Greedy episodes with the current weights, kept in the run folder."""
 
-    def __init__(self, run: RunContext) -> None:
+    def __init__(self, run: ServiceContext) -> None:
         self.run = run
 
     def solved_at_start(self, step: int) -> set[str]:

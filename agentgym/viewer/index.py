@@ -40,7 +40,7 @@ class NotTrajectoryFile(ValueError):
 
 
 @dataclass
-class Summary:
+class EpisodeSummary:
     """What the episode list shows and filters on; ``reward`` is the sum of per-turn rewards."""
 
     id: int
@@ -87,8 +87,10 @@ class _FileState:
     episodes: list[int] = field(default_factory=list)
 
 
-def summarize(index: int, source: str, step: int | None, record: dict[str, Any], ordinal: int = 0) -> Summary:
-    return Summary(
+def summarize(
+    index: int, source: str, step: int | None, record: dict[str, Any], ordinal: int = 0
+) -> EpisodeSummary:
+    return EpisodeSummary(
         id=index,
         source=source,
         step=step,
@@ -118,7 +120,7 @@ class EpisodeIndex:
             raise NotTrajectoryFile(f"{self.root} does not exist")
         if self.root.is_file() and not sniff_trajectory_file(self.root):
             raise NotTrajectoryFile(f"{self.root} is not a trajectory JSONL file")
-        self._episodes: dict[int, tuple[Summary, _Location]] = {}
+        self._episodes: dict[int, tuple[EpisodeSummary, _Location]] = {}
         self._next_id = 0
         self._files: dict[Path, _FileState] = {}
         self._rejected: set[Path] = set()  # JSONL files that are not trajectories
@@ -131,7 +133,7 @@ class EpisodeIndex:
         return self.root / METRICS_FILE if self.root.is_dir() else None
 
     @property
-    def summaries(self) -> list[Summary]:
+    def summaries(self) -> list[EpisodeSummary]:
         """Every episode indexed, in file order."""
         with self._lock:
             return [summary for summary, _ in self._episodes.values()]
@@ -237,7 +239,7 @@ class EpisodeIndex:
         state.episodes.append(self._next_id)
         self._next_id += 1
 
-    def episode(self, episode_id: int) -> tuple[Summary, dict[str, Any]]:
+    def episode(self, episode_id: int) -> tuple[EpisodeSummary, dict[str, Any]]:
         """An episode's summary and full record; ``KeyError`` for an id unknown or gone
         (its file was rewritten or removed since it was indexed)."""
         with self._lock:
@@ -292,7 +294,7 @@ class EpisodeFilter:
     step: int | None = None
     source: str | None = None
 
-    def matches(self, s: Summary) -> bool:
+    def matches(self, s: EpisodeSummary) -> bool:
         return (
             (self.env is None or s.env == self.env)
             and (self.task is None or self.task in s.task_id)
