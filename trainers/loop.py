@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import pkgutil
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -35,24 +36,19 @@ from agentgym.progress import make_console
 from agentgym.progress import progress as progress_display
 from agentgym.run_folder import MetricsLog, RunDir
 from agentgym.trainers import heldout, manifest
-from agentgym.trainers.agentevol.regime import AgentEvol
 from agentgym.trainers.batch import TokenBatch
 from agentgym.trainers.collector import Collector, RewardHook, held_out_play
 from agentgym.trainers.config import TrainConfig
-from agentgym.trainers.critique_rl.regime import CritiqueRL
 from agentgym.trainers.distributed import DataParallel
 from agentgym.trainers.generators import start_generator
 from agentgym.trainers.guards import CollapseGuard
 from agentgym.trainers.learner import Learner
-from agentgym.trainers.regimes import ClippedRL, behaviour_cloning
+from agentgym.trainers.regimes import behaviour_cloning
 from agentgym.trainers.reporting import open_sinks
 from agentgym.trainers.schedules import FixedHorizon, ScalingInterHorizon
 from agentgym.trainers.services import ExpertDemonstrations, GreedyPlay
 
 log = logging.getLogger(__name__)
-
-REGIMES = {"rl": ClippedRL, "agentevol": AgentEvol, "critique-rl": CritiqueRL}
-"""The regime a preset names (``Preset.regime``, ``trainers/presets.py``)."""
 
 REPLAY_FILE = "replay.jsonl"
 """The replay buffer's samples, saved inside each checkpoint folder."""
@@ -81,7 +77,7 @@ class Trainer:
             if config.schedule == "scaling-inter"
             else FixedHorizon(config.max_turns)
         )
-        self.regime_class = REGIMES[config.preset.regime]
+        self.regime_class = pkgutil.resolve_name(config.preset.regime)  # the preset names it
         self.total_steps = config.bc_steps + self.regime_class.rl_steps(config)
         # Set up by run(): the process group, the env server, the event loop, the model.
         self.dp = DataParallel()
@@ -150,9 +146,13 @@ class Trainer:
                 record.setdefault("lr", self.learner.optimizer.param_groups[0]["lr"])
                 if self.dp.main:  # the other ranks go on to the next step and wait for rank 0 there
                     self._finish_step(step, record)
-                progress.update(bar, advance=1, description=_describe(record))
+                progress.update(bar, advance=1, description=self._describe(record))
         if self.dp.main:
             self._report_before_after()
+
+    def _describe(self, record: dict[str, Any]) -> str:
+        """The progress bar's words for a step: cloning's loss, or what the regime says."""
+        return f"bc  loss {record['loss']:.3f}" if record["phase"] == "bc" else self.regime.describe(record)
 
     def _finish_step(self, step: int, record: dict[str, Any]) -> None:
         """Rank 0: evaluate when due, log the step, checkpoint when due."""
@@ -371,14 +371,6 @@ def _device_peak(device: torch.device) -> dict[str, float]:
     peak = torch.cuda.max_memory_allocated(device) / 2**30
     torch.cuda.reset_peak_memory_stats(device)
     return {"gpu_peak_gib": round(peak, 2)}
-
-
-def _describe(record: dict[str, Any]) -> str:
-    if record["phase"] == "bc":
-        return f"bc  loss {record['loss']:.3f}"
-    if record["phase"].startswith("critique"):
-        return f"{record['phase']}  acc@dis {record['acc_dis']:.2f}"
-    return f"rl  success {record['success_rate']:.2f} turns≤{record['max_turns']}"
 
 
 def _progress(visible: bool = True) -> Any:

@@ -9,14 +9,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+CLIPPED_RL = "agentgym.trainers.regimes:ClippedRL"
+"""The clipped family's regime: collect groups, advantages, a clipped update."""
+AGENTEVOL = "agentgym.trainers.agentevol.regime:AgentEvol"
+CRITIQUE_RL = "agentgym.trainers.critique_rl.regime:CritiqueRL"
+
 
 @dataclass(frozen=True)
 class Preset:
     summary: str
     """One line for ``agentgym train --help`` and the docs: what the name promises."""
     regime: str
-    """The training regime: ``rl`` (the clipped family, ``regimes.py``), ``agentevol`` or
-    ``critique-rl`` (their folders); the trainer's ``REGIMES`` maps it to the regime."""
+    """The training regime's class by import path (``module:Class``, resolved when a run
+    starts, so the trainer names no regime): :data:`CLIPPED_RL` or a regime's own folder."""
     advantage: str = "grpo"
     clip_rule: str = "fixed"
     defaults: dict[str, Any] = field(default_factory=dict)
@@ -26,49 +31,49 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     "bapo": Preset(
         "BAPO (arXiv 2510.18927): GRPO advantages, ratio bounds searched every update, dual-clip 3",
-        "rl",
+        CLIPPED_RL,
         clip_rule="bapo",
         defaults={"dual_clip": 3.0},
     ),
     "grpo": Preset(
         "GRPO (arXiv 2402.03300): group-normalised outcome advantages, PPO clip 0.2, "
         "per-episode mean of token losses, KL 0.04 to the policy at the start of RL",
-        "rl",
+        CLIPPED_RL,
         defaults={"loss_aggregation": "seq-mean", "kl_coef": 0.04},
     ),
     "dapo": Preset(
         "DAPO (arXiv 2503.14476): clip-higher 0.28, dynamic sampling that refills the batch, token mean",
-        "rl",
+        CLIPPED_RL,
         defaults={"clip.eps_high": 0.28, "dynamic_sampling": True, "loss_aggregation": "token-mean"},
     ),
     "dr-grpo": Preset(
         "Dr. GRPO (arXiv 2503.20783): GRPO without std or length normalisation",
-        "rl",
+        CLIPPED_RL,
         advantage="grpo-unscaled",
         defaults={"loss_aggregation": "seq-sum-norm"},
     ),
     "gigpo": Preset(
         "GiGPO (arXiv 2505.10978): GRPO episode advantage + step advantage over repeated states (ω 1, γ 0.95)",
-        "rl",
+        CLIPPED_RL,
         advantage="gigpo",
     ),
-    "rloo": Preset("RLOO: leave-one-out group baseline, PPO clip 0.2", "rl", advantage="rloo"),
+    "rloo": Preset("RLOO: leave-one-out group baseline, PPO clip 0.2", CLIPPED_RL, advantage="rloo"),
     "reinforce++": Preset(
         "REINFORCE++-baseline (arXiv 2501.03262): group mean subtracted, then batch whitening; PPO clip",
-        "rl",
+        CLIPPED_RL,
         advantage="reinforce++-baseline",
     ),
     "ppo": Preset(
         "PPO-clip on batch-whitened outcome rewards: no value network, no GAE",
-        "rl",
+        CLIPPED_RL,
         advantage="batch-whitened",
     ),
     "agentevol": Preset(
-        "AgentEvol (arXiv 2406.04151): behaviour cloning, then explore + reward-weighted learn", "agentevol"
+        "AgentEvol (arXiv 2406.04151): behaviour cloning, then explore + reward-weighted learn", AGENTEVOL
     ),
     "critique-rl": Preset(
         "Critique-RL (arXiv 2510.24320): two-stage RL of a critic, RLOO over its critiques, KL 0.01",
-        "critique-rl",
+        CRITIQUE_RL,
         advantage="rloo",
         defaults={"kl_coef": 0.01},
     ),

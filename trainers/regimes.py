@@ -60,6 +60,11 @@ class ClippedRL:
     def rl_steps(config: Any) -> int:
         return config.steps
 
+    @staticmethod
+    def describe(record: dict[str, Any]) -> str:
+        """A step's words on the progress bar."""
+        return f"rl  success {record['success_rate']:.2f} turns≤{record['max_turns']}"
+
     def step(self, step: int) -> dict[str, Any]:
         """Take this step's episodes (sync: play them now; async: those played during the
         last update), start playing the next step's (async), then update."""

@@ -6,11 +6,12 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from agentgym.trainers.config_checks import clipped_family_only
+from agentgym.trainers.presets import AGENTEVOL
 
 
 @dataclass(frozen=True)
 class AgentEvolSettings:
-    regime: ClassVar[str] = "agentevol"
+    regime: ClassVar[str] = AGENTEVOL
     """The regime these settings belong to (``Preset.regime``, ``presets.py``)."""
     FLAT_PREFIX: ClassVar[str] = "evol_"
     """Earlier versions took these fields as top-level keys, this prefix + the field's name

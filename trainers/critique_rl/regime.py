@@ -151,6 +151,11 @@ class CritiqueRL:
     def rl_steps(config: Any) -> int:
         return config.critique_rl.stage1_steps + config.critique_rl.stage2_steps
 
+    @staticmethod
+    def describe(record: dict[str, Any]) -> str:
+        """A step's words on the progress bar."""
+        return f"{record['phase']}  acc@dis {record['acc_dis']:.2f}"
+
     def step(self, step: int) -> dict[str, Any]:
         trainer, config = self.trainer, self.trainer.config
         settings = config.critique_rl

@@ -8,11 +8,12 @@ from typing import Any, ClassVar
 from agentgym.errors import AgentGymError
 from agentgym.registry import answer_key
 from agentgym.trainers.config_checks import clipped_family_only
+from agentgym.trainers.presets import CRITIQUE_RL
 
 
 @dataclass(frozen=True)
 class CritiqueRLSettings:
-    regime: ClassVar[str] = "critique-rl"
+    regime: ClassVar[str] = CRITIQUE_RL
     """The regime these settings belong to (``Preset.regime``, ``presets.py``)."""
     FLAT_PREFIX: ClassVar[str] = ""
     """Earlier versions took these fields as top-level keys, this prefix + the field's name
