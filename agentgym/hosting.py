@@ -1,11 +1,13 @@
-"""How each built-in env is hosted: its folder's ``hosting.toml``.
+"""How each built-in env is registered and hosted: its folder's ``hosting.toml``.
 
-One declaration per env (``envs/NAME/hosting.toml``) says what its server needs beyond
-the package: the pip extra its image installs, the Debian packages, the default session
-cap and the ``--set`` settings a deployment passes. ``agentgym generate`` writes
-``compose.yaml``, the Dockerfile's per-env stages and the port tables from these and the
-registry's order; the Makefile reads the extras and packages to install. Standard library
-only: ``python3 agentgym/hosting.py extras|apt`` runs before any venv exists.
+One declaration per env (``envs/NAME/hosting.toml``) names its class (the registry finds
+the built-in envs by these files: no list of them is kept by hand) and its port offset,
+and says what its server needs beyond the package: the pip extra its image installs, the
+Debian packages, the default session cap and the ``--set`` settings a deployment passes.
+``agentgym generate`` writes ``compose.yaml``, the Dockerfile's per-env stages, the port
+tables and the README's env row from these; the Makefile reads the extras and packages to
+install. Standard library only: ``python3 agentgym/hosting.py extras|apt`` runs before
+any venv exists.
 """
 
 from __future__ import annotations
@@ -31,6 +33,13 @@ class Setting:
 @dataclass(frozen=True)
 class Hosting:
     env: str
+    factory: str = ""
+    """The env's class (or any factory), an attribute of its package ``agentgym.envs.NAME``."""
+    port: int = 0
+    """Its server's port: the base port plus this (unique among the built-in envs; a new
+    env takes the next one, so no existing port moves)."""
+    highlight: str = ""
+    """A few words the README's env row adds after its name."""
     extra: str | None = None
     """The pip extra its server needs (its Docker image's name); None: the core image."""
     apt: tuple[str, ...] = ()
@@ -70,6 +79,27 @@ def of(env: str) -> Hosting:
     return folder_hosting(Path(str(files(f"agentgym.envs.{env}"))))
 
 
+def builtin() -> list[Hosting]:
+    """The declarations of the installed ``agentgym.envs`` folders that name a factory, in
+    port order: the built-in envs."""
+    from importlib.resources import files
+
+    return declared_envs(Path(str(files("agentgym.envs"))))
+
+
+def declared_envs(envs: Path) -> list[Hosting]:
+    """The declarations in the env folders under ``envs`` that name a factory, in port
+    order; ``ValueError`` when two share a port or one has none."""
+    found = [
+        folder_hosting(f) for f in envs.iterdir() if (f / FILE).is_file() and (f / "__init__.py").is_file()
+    ]
+    declared = sorted((h for h in found if h.factory), key=lambda h: h.port)
+    ports = [h.port for h in declared]
+    if bad := [h.env for h in declared if h.port < 1 or ports.count(h.port) > 1]:
+        raise ValueError(f"envs {', '.join(bad)}: each needs its own port >= 1 in its {FILE}")
+    return declared
+
+
 def session_cap(env: str) -> int:
     """The session cap a server of ``env`` starts with unless told: its folder's
     declaration, else the default (a plug-in env has no folder here)."""
@@ -80,9 +110,8 @@ def session_cap(env: str) -> int:
 
 
 def _source_tree() -> list[Hosting]:
-    """Every env folder's declaration in this source tree (before anything is installed)."""
-    envs = Path(__file__).resolve().parents[1] / "envs"
-    return [folder_hosting(folder) for folder in sorted(envs.iterdir()) if (folder / "__init__.py").exists()]
+    """Every env's declaration in this source tree (before anything is installed)."""
+    return declared_envs(Path(__file__).resolve().parents[1] / "envs")
 
 
 def main(argv: list[str]) -> int:

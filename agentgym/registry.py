@@ -1,8 +1,9 @@
 """Environment registry: name -> factory. ``make(name, **config)`` builds an instance.
 
 Factories are given as ``"module:attr"`` strings so that listing environments never
-imports heavy engines (TextWorld, the JVM, a browser). Adding an environment is one
-line in ``_BUILTIN`` plus its folder under ``envs/``.
+imports heavy engines (TextWorld, the JVM, a browser). The built-in environments are
+found from their folders: each ``envs/NAME/hosting.toml`` names its class and port
+(:mod:`agentgym.hosting`), so adding one is its folder alone.
 
 Third-party packages add environments without forking: an entry point in the group
 ``agentgym.envs`` (``NAME = "module:EnvClass"``, any callable that takes the env's
@@ -21,6 +22,7 @@ from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
 from typing import Any
 
+from agentgym import hosting
 from agentgym.core import TextEnv
 from agentgym.errors import UnknownEnv, did_you_mean
 from agentgym.problems import AnswerKey
@@ -31,18 +33,8 @@ EnvFactory = Callable[..., TextEnv]
 
 ENTRY_POINT_GROUP = "agentgym.envs"
 
-_BUILTIN: dict[str, str] = {
-    "textworld": "agentgym.envs.textworld:TextWorldEnv",
-    "webshop": "agentgym.envs.webshop:WebShopEnv",
-    "search": "agentgym.envs.search:SearchEnv",
-    "sciworld": "agentgym.envs.sciworld:SciWorldEnv",
-    "choice": "agentgym.envs.choice:ChoiceEnv",
-    "math": "agentgym.envs.math:MathEnv",
-    "textcraft": "agentgym.envs.textcraft:TextCraftEnv",
-    "babyai": "agentgym.envs.babyai:BabyAIEnv",
-}
-"""The shipped envs. The order is the port scheme's (``servers/launcher.py``: textworld on
-the base port + 1, ...): a new env goes last, and its port follows."""
+_BUILTIN: dict[str, str] = {h.env: f"agentgym.envs.{h.env}:{h.factory}" for h in hosting.builtin()}
+"""The shipped envs, found from their folders' declarations, in port order."""
 
 _registry: dict[str, EnvFactory | str] = dict(_BUILTIN)
 _plugins_read = False

@@ -130,7 +130,7 @@ CMD ["agentgym", "gateway", "--host", "0.0.0.0", "--config", "/etc/agentgym/gate
 
 def declarations() -> list[hosting.Hosting]:
     """Every built-in env's hosting, in port order."""
-    return [hosting.of(env) for env in registry.builtin_names()]
+    return hosting.builtin()
 
 
 def port(env: str) -> int:
@@ -253,6 +253,33 @@ def env_table() -> str:
     return "\n".join(rows) + "\n"
 
 
+README_ENV_ROW = "| envs: "
+"""How the README's feature-table row of the built-in envs starts (it is generated)."""
+
+
+def readme_env_row() -> str:
+    """The README's row of the built-in envs: each name, with its declaration's highlight."""
+    named = [f"`{h.env}`" + (f" ({h.highlight})" if h.highlight else "") for h in declarations()]
+    return (
+        f"{README_ENV_ROW}{', '.join(named)}; a new one: `agentgym new-env NAME` "
+        "| ✅ [environments.md](docs/environments.md) |"
+    )
+
+
+def _readme(path: Path) -> Callable[[], str]:
+    """The README at ``path`` with its env row (the line starting :data:`README_ENV_ROW`) rewritten."""
+
+    def render() -> str:
+        lines = path.read_text().split("\n")
+        rows = [i for i, line in enumerate(lines) if line.startswith(README_ENV_ROW)]
+        if len(rows) != 1:
+            raise ValueError(f"{path} needs exactly one feature-table row starting {README_ENV_ROW!r}")
+        lines[rows[0]] = readme_env_row()
+        return "\n".join(lines)
+
+    return render
+
+
 def _between_markers(path: Path, name: str, body: Callable[[], str]) -> Callable[[], str]:
     """The file at ``path`` with the block between ``<!-- generated: NAME -->`` and
     ``<!-- end generated -->`` rewritten."""
@@ -279,4 +306,5 @@ def generated_files(root: Path) -> dict[Path, Callable[[], str]]:
         root / "docs" / "environments.md": _between_markers(
             root / "docs" / "environments.md", "envs", env_table
         ),
+        root / "README.md": _readme(root / "README.md"),
     }

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import httpx
 from fastapi import FastAPI
 
-from agentgym import registry
+from agentgym import hosting
 from agentgym.servers.app import ServerConfig, create_app
 from agentgym.servers.http_protocol import http_protocol
 from agentgym.sites import serve_app
@@ -40,9 +40,9 @@ all of them together."""
 
 BASE_PORT_VARIABLE = "AGENTGYM_BASE_PORT"
 
-ENV_PORT_OFFSETS = {name: offset for offset, name in enumerate(registry.builtin_names(), start=1)}
-"""The built-in environments' fixed offsets, in the registry's order (textworld: 8101, ...,
-math: 8106)."""
+ENV_PORT_OFFSETS = {h.env: h.port for h in hosting.builtin()}
+"""The built-in environments' fixed offsets, from their folders' declarations (textworld:
+8101, ..., babyai: 8108)."""
 
 PLUGIN_OFFSETS = range(10, 100)
 """Other environments (plugins, tests) get an offset in this range from a hash of their

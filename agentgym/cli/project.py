@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from agentgym import registry
+from agentgym import hosting, registry
 from agentgym.cli.common import EXIT_USAGE, console, fail
 
 commands = typer.Typer()
@@ -30,7 +30,6 @@ TEMPLATES = {
     "hosting.toml.tmpl": "hosting.toml",
     "test_env.py.tmpl": "tests/test_{name}_env.py",
 }
-REGISTRY_END = re.compile(r"(_BUILTIN: dict\[str, str\] = \{\n(?:    .*\n)*?)(\})")
 
 
 def _checkout(root: Path | None) -> Path:
@@ -92,7 +91,7 @@ def new_env(
         raise fail(f"env {name!r} exists already", EXIT_USAGE)
     try:
         console.print(_add_env(root, name), end="")
-    except (OSError, subprocess.CalledProcessError) as exc:
+    except (OSError, ValueError, subprocess.CalledProcessError) as exc:
         detail = exc.stderr.strip().splitlines()[-1] if getattr(exc, "stderr", None) else str(exc)
         raise fail(f"new-env {name} failed and changed nothing in {root}: {detail}") from None
     console.print(f"made envs/{name}/ in {root}, registered {name!r}; try it: pytest envs/{name}")
@@ -114,20 +113,19 @@ def _working_checkout() -> Path:
 
 
 def _add_env(root: Path, name: str) -> str:
-    """Write the folder, register it, regenerate (returns what ``generate`` printed): on any
-    failure, put back every file as it was (the folder goes, the registry and the generated
-    files return)."""
+    """Write the folder (its ``hosting.toml`` registers it, on the next free port),
+    regenerate (returns what ``generate`` printed): on any failure, put back every file as
+    it was (the folder goes, the generated files return)."""
     from agentgym.servers.deploy import generated_files
 
-    registry_file = root / "agentgym" / "registry.py"
-    kept = {path: path.read_bytes() for path in [registry_file, *generated_files(root)] if path.is_file()}
+    kept = {path: path.read_bytes() for path in generated_files(root) if path.is_file()}
     folder = root / "envs" / name
+    port = max((h.port for h in hosting.declared_envs(root / "envs")), default=0) + 1
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root / "envs"))
     try:
-        _write_folder(staging, name)
+        _write_folder(staging, name, port)
         staging.rename(folder)
-        _register(registry_file, name)
-        # A new process: this one's registry was read before the line was added.
+        # A new process: this one's registry was read before the folder was there.
         # (`-m` puts the working directory first on the path: run it in the checkout itself)
         return subprocess.run(
             [sys.executable, "-m", "agentgym.cli", "generate", "--root", str(root)],
@@ -144,9 +142,10 @@ def _add_env(root: Path, name: str) -> str:
         raise
 
 
-def _write_folder(folder: Path, name: str) -> None:
+def _write_folder(folder: Path, name: str, port: int) -> None:
     words = {
         "name": name,
+        "port": str(port),
         "Class": _class_name(name),
         "Title": name.replace("_", " ").capitalize(),
         "description": "Guess a secret number from higher/lower hints (a new env's starting point).",
@@ -160,10 +159,3 @@ def _write_folder(folder: Path, name: str) -> None:
 
 def _class_name(name: str) -> str:
     return "".join(part.capitalize() for part in name.split("_")) + "Env"
-
-
-def _register(registry_file: Path, name: str) -> None:
-    """Append the env's line to ``_BUILTIN`` (the registry's only hand-kept list)."""
-    source = registry_file.read_text()
-    line = f'    "{name}": "agentgym.envs.{name}:{_class_name(name)}",\n'
-    registry_file.write_text(REGISTRY_END.sub(lambda m: m.group(1) + line + m.group(2), source, count=1))
