@@ -19,8 +19,6 @@ class TrainingContext(ServiceContext, UpdateContext, Protocol):
     """Greedy play with the current weights (held-out evaluation, curricula)."""
     pad_id: int
     total_steps: int
-    regime: Any
-    """The regime itself (behaviour cloning asks it for demonstrations)."""
 
     def horizon(self, step: int) -> int:
         """The turn limit of ``step`` (the schedule's)."""

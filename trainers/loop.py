@@ -135,7 +135,7 @@ class Trainer:
             for step in range(start, self.total_steps + 1):
                 started, cpu = time.perf_counter(), psutil.cpu_times()
                 if step <= self.config.bc_steps:
-                    record = behaviour_cloning(self, step)
+                    record = behaviour_cloning(self, step, self.regime.demonstrations())
                 else:
                     if step == self.config.bc_steps + 1 and self.config.rl_optimizer == "fresh":
                         self.learner.optimizer.state.clear()  # RL's updates owe nothing to cloning's

@@ -34,9 +34,9 @@ def nll(learner: Learner) -> PerTokenLoss:
     return lambda micro: weighted_nll(learner.logprobs(micro, temperature=1.0)[0], micro.advantages)
 
 
-def behaviour_cloning(trainer: TrainingContext, step: int) -> dict[str, Any]:
-    """One optimizer step of likelihood on a minibatch of demonstrations."""
-    demos = trainer.regime.demonstrations()
+def behaviour_cloning(trainer: TrainingContext, step: int, demos: list[dict[str, Any]]) -> dict[str, Any]:
+    """One optimizer step of likelihood on a minibatch of ``demos`` (token records: what the
+    regime clones, ``regime.demonstrations()``)."""
     chosen = random.Random(trainer.config.seed * 7919 + step).sample(
         demos, min(trainer.config.bc_batch_size, len(demos))
     )
