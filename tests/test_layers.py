@@ -17,6 +17,7 @@ on any break not listed, and on a listed one that is gone, so the list only shri
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -218,3 +219,9 @@ def test_no_two_classes_share_a_name() -> None:
             if isinstance(node, ast.ClassDef):
                 where.setdefault(node.name, []).append(name)
     assert {cls: found for cls, found in where.items() if len(found) > 1} == {}
+
+
+def test_the_design_page_maps_the_namespace_as_setup_py_does() -> None:
+    """docs/design.md's namespace table is setup.py's ``NAMESPACE``, row for row."""
+    rows = re.findall(r"^\| `(agentgym[\w.]*)` \| `([\w/]+)/`", (ROOT / "docs/design.md").read_text(), re.M)
+    assert {name: ROOT / folder for name, folder in rows} == package_folders()
