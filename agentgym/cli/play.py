@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -38,7 +39,6 @@ from agentgym.errors import UsageError
 
 if TYPE_CHECKING:
     from agentgym.api import PolicyChoice
-    from agentgym.play_profile import PlayProfile
     from agentgym.policies.base import Policy, SamplingParams
     from agentgym.rollout import RolloutConfig
     from agentgym.trajectory import Trajectory
@@ -57,25 +57,30 @@ def _require_policy(kind: str) -> None:
         raise fail(f"unknown policy {kind!r}; choose one of {', '.join(POLICY_KINDS)}", EXIT_USAGE)
 
 
-def _play_profile(model: str | None, policy: str, given: dict[str, Any]) -> PlayProfile:
-    """:func:`agentgym.api.play_profile`, saying where the settings came from; exit 2 on bad ones."""
-    from agentgym.api import play_profile
+@contextlib.contextmanager
+def _exit_codes() -> Iterator[None]:
+    """The Python API's errors as the CLI's exit codes: a bad argument 2, a local server
+    that fails to start 1."""
+    from agentgym.api import ServerStartError
 
     try:
-        return play_profile(model, policy, given, on_note=console.print)
+        yield
     except UsageError as exc:
         raise fail(str(exc), EXIT_USAGE) from None
+    except ServerStartError as exc:
+        raise fail(str(exc)) from None
 
 
 def _rollout(
-    profile: PlayProfile, kind: str, concurrency: int, temperature: float, history_turns: int | None = None
+    model: str | None, policy: str, given: dict[str, Any], concurrency: int, temperature: float, **kwargs: Any
 ) -> RolloutConfig:
-    try:
-        return profile.rollout(
-            kind, concurrency=concurrency, temperature=temperature, history_turns=history_turns
-        )
-    except UsageError as exc:
-        raise fail(str(exc), EXIT_USAGE) from None
+    """How ``model`` plays (:func:`agentgym.api.play_profile`, saying where the settings came
+    from) as a rollout configuration; exit 2 on bad settings."""
+    from agentgym.api import play_profile
+
+    with _exit_codes():
+        profile = play_profile(model, policy, given, on_note=console.print)
+        return profile.rollout(policy, concurrency=concurrency, temperature=temperature, **kwargs)
 
 
 def _run_policy_job(
@@ -89,7 +94,7 @@ def _run_policy_job(
     """:func:`agentgym.api.run_with_policy` under an episode progress bar: ``job(url,
     policy, (on_plan, on_episode))``. Bad arguments exit with code 2, a server that fails
     to start with 1."""
-    from agentgym.api import ServerStartError, run_with_policy
+    from agentgym.api import run_with_policy
 
     shown = episode_progress()
 
@@ -98,12 +103,8 @@ def _run_policy_job(
             return await job(server_url, policy, (shown.on_plan, shown.on_episode))
 
     console.print(f"starting a local {env} server ..." if url is None else f"connecting to {url} ...")
-    try:
+    with _exit_codes():
         return run_with_policy(env, url, log_dir, token, choice, run)
-    except UsageError as exc:
-        raise fail(str(exc), EXIT_USAGE) from None
-    except ServerStartError as exc:
-        raise fail(str(exc)) from None
 
 
 EpisodeCallbacks = tuple[Callable[[int, int], None], Callable[["Trajectory"], None]]
@@ -195,8 +196,9 @@ def evaluate_policy(
     if critic is not None:
         from agentgym.registry import serves_problems
 
-        profile = _play_profile(model, policy, given)
-        rollout = _rollout(profile, policy, concurrency, eval_temperature(temperature, k), history_turns)
+        rollout = _rollout(
+            model, policy, given, concurrency, eval_temperature(temperature, k), history_turns=history_turns
+        )
         check_model_loads(policy, critic)
         if serves_problems(env):
             _evaluate_with_critic(env, split, n, k, choice, critic, rollout.sampling, out, url)
@@ -235,41 +237,36 @@ def _evaluate(
 ) -> dict[str, Any]:
     """:func:`agentgym.api.evaluate` under an episode progress bar; exit 2 on bad arguments,
     1 when the local server does not start."""
-    from agentgym.api import ServerStartError, evaluate
+    from agentgym.api import evaluate
 
     shown = episode_progress()
     console.print(f"starting a local {env} server ..." if url is None else f"connecting to {url} ...")
-    try:
-        with shown.bar:
-            return evaluate(
-                env,
-                choice.model,
-                policy=choice.kind,
-                split=split,
-                n=n,
-                k=k,
-                out=out,
-                url=url,
-                token=token,
-                seed=seed,
-                concurrency=choice.concurrency,
-                temperature=temperature,
-                history_turns=history_turns,
-                play=given,
-                policy_args={
-                    "base_url": choice.base_url,
-                    "api_key": choice.api_key,
-                    "tool_calls": choice.tool_calls,
-                },
-                on_plan=shown.on_plan,
-                on_episode=shown.on_episode,
-                on_resume=shown.on_resume,
-                on_note=console.print,
-            )
-    except UsageError as exc:
-        raise fail(str(exc), EXIT_USAGE) from None
-    except ServerStartError as exc:
-        raise fail(str(exc)) from None
+    with _exit_codes(), shown.bar:
+        return evaluate(
+            env,
+            choice.model,
+            policy=choice.kind,
+            split=split,
+            n=n,
+            k=k,
+            out=out,
+            url=url,
+            token=token,
+            seed=seed,
+            concurrency=choice.concurrency,
+            temperature=temperature,
+            history_turns=history_turns,
+            play=given,
+            policy_args={
+                "base_url": choice.base_url,
+                "api_key": choice.api_key,
+                "tool_calls": choice.tool_calls,
+            },
+            on_plan=shown.on_plan,
+            on_episode=shown.on_episode,
+            on_resume=shown.on_resume,
+            on_note=console.print,
+        )
 
 
 def _evaluate_with_critic(
@@ -300,11 +297,8 @@ def _evaluate_with_critic(
             await actor.close()
             await judge.close()
 
-    try:
-        with console.status("critique rounds ..."):
-            results = asyncio.run(run())
-    except UsageError as exc:
-        raise fail(str(exc), EXIT_USAGE) from None
+    with _exit_codes(), console.status("critique rounds ..."):
+        results = asyncio.run(run())
     print_critic_results(env, split, results, out)
 
 
@@ -390,7 +384,8 @@ def collect(
     from agentgym.play_profile import PlayProfile
 
     played = PlayProfile(agent_format=agent_format, max_turns=max_turns, max_new_tokens=max_new_tokens)
-    rollout = _rollout(played, policy, concurrency, temperature)
+    with _exit_codes():
+        rollout = played.rollout(policy, concurrency=concurrency, temperature=temperature)
 
     async def job(server_url: str, built: Policy, callbacks: EpisodeCallbacks) -> dict[str, int]:
         on_plan, on_episode = callbacks
