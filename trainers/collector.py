@@ -191,16 +191,8 @@ class Collector:
     def record(self, step: int, episodes: list[Trajectory], folder: str = "rollouts") -> None:
         """Rank 0 keeps the step's episodes in ``<folder>/step-N.jsonl`` of the run, replaced
         whole, so a step redone after a crash leaves each episode once."""
-        if not self.dp.main:
-            return
-        final = self.run_dir / folder / f"step-{step:06d}.jsonl"
-        final.parent.mkdir(parents=True, exist_ok=True)
-        staging = final.with_suffix(".tmp")
-        staging.unlink(missing_ok=True)
-        with TrajectoryWriter(staging, fsync=False) as writer:
-            for episode in episodes:
-                writer.write(episode)
-        os.replace(staging, final)
+        if self.dp.main:
+            write_step_episodes(self.run_dir, folder, step, episodes)
 
     # ----- samples -------------------------------------------------------------------------
 
@@ -246,6 +238,20 @@ class Collector:
             "staleness_mean": sum(lags) / len(lags) if lags else 0.0,
             "staleness_max": max(lags, default=0),
         }
+
+
+def write_step_episodes(run_dir: Path, folder: str, step: int, episodes: list[Trajectory]) -> Path:
+    """``episodes`` as ``<run_dir>/<folder>/step-N.jsonl``, replaced whole (a step redone
+    after a crash leaves each episode once)."""
+    final = run_dir / folder / f"step-{step:06d}.jsonl"
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = final.with_suffix(".tmp")
+    staging.unlink(missing_ok=True)
+    with TrajectoryWriter(staging, fsync=False) as writer:
+        for episode in episodes:
+            writer.write(episode)
+    os.replace(staging, final)
+    return final
 
 
 def rollout_config(config: Any, max_turns: int | None, how: SamplingParams | None = None) -> RolloutConfig:

@@ -13,7 +13,7 @@ from agentgym.policies.dtypes import AUTO, DTYPE_NAMES
 from agentgym.trainers.loss_settings import AGGREGATIONS
 from agentgym.trainers.presets import PRESETS
 from agentgym.trainers.reporting import reporter_problems
-from agentgym.trainers.schedules import ScalingInterHorizon
+from agentgym.trainers.schedules import schedule_of
 
 
 def registry_problems(advantage: str, clip_rule: str) -> list[str]:
@@ -55,11 +55,10 @@ def config_problems(config: Any) -> list[str]:
     if config.loss_aggregation not in AGGREGATIONS:
         problems.append(f"loss_aggregation must be one of {', '.join(AGGREGATIONS)}")
     problems += registry_problems(config.advantage, config.clip_rule)
-    if config.schedule == "scaling-inter":
-        try:
-            ScalingInterHorizon(config.rounds, config.interval)
-        except ValueError as exc:
-            problems.append(str(exc))
+    try:
+        schedule_of(config)
+    except ValueError as exc:
+        problems.append(str(exc))
     for name in ("max_refills", "keep_checkpoints"):
         if getattr(config, name) < 0:
             problems.append(f"{name} must be at least 0")

@@ -45,7 +45,7 @@ from agentgym.trainers.guards import CollapseGuard
 from agentgym.trainers.learner import Learner
 from agentgym.trainers.regimes import behaviour_cloning
 from agentgym.trainers.reporting import open_sinks
-from agentgym.trainers.schedules import FixedHorizon, ScalingInterHorizon
+from agentgym.trainers.schedules import schedule_of
 from agentgym.trainers.services import ExpertDemonstrations, GreedyPlay
 
 log = logging.getLogger(__name__)
@@ -72,11 +72,7 @@ class Trainer:
         """A custom reward (:data:`~agentgym.trainers.collector.RewardHook`); None: the env's score."""
         self.run_dir = RunDir(run_dir)
         self.resume = resume
-        self.schedule = (
-            ScalingInterHorizon(config.rounds, config.interval)
-            if config.schedule == "scaling-inter"
-            else FixedHorizon(config.max_turns)
-        )
+        self.schedule = schedule_of(config)
         self.regime_class = pkgutil.resolve_name(config.preset.regime)  # the preset names it
         self.total_steps = config.bc_steps + self.regime_class.rl_steps(config)
         # Set up by run(): the process group, the env server, the event loop, the model.
@@ -106,7 +102,10 @@ class Trainer:
         self.dp = DataParallel.from_env()
         try:
             # One event loop for the whole run: a vLLM engine stays bound to the loop it started on.
-            with self._env_server() as self.url, asyncio.Runner() as self.runner:
+            with (
+                env_server(self.config, self.run_dir.path / "env.log") as self.url,
+                asyncio.Runner() as self.runner,
+            ):
                 self._set_up()
                 try:
                     self._train_from(self._restore())
@@ -262,25 +261,6 @@ class Trainer:
         self.version = version
         self.learner.policy.weights_version = version
 
-    @contextlib.contextmanager
-    def _env_server(self) -> Iterator[str]:
-        if self.config.env_url:
-            yield self.config.env_url
-            return
-        from agentgym.servers.launcher import start_server_process, wait_healthy
-
-        args = ["--log-level", "warning", "--max-sessions", str(max(64, 2 * self.config.concurrency))]
-        for key, value in self.config.env_settings.items():
-            args += ["--set", f"{key}={value}"]
-        server = start_server_process(
-            self.config.env, extra_args=args, log_path=str(self.run_dir.path / "env.log")
-        )
-        try:
-            wait_healthy(server.url, 300, server.process)
-            yield server.url
-        finally:
-            server.stop()
-
     def _set_up(self) -> None:
         config = self.config
         if config.generator != "hf" and self.dp.world > 1:
@@ -339,6 +319,26 @@ class Trainer:
             self.collector.replay.load(checkpoint / REPLAY_FILE)
         log.info("resumed from %s (step %d)", checkpoint, state["step"])
         return state["step"] + 1
+
+
+@contextlib.contextmanager
+def env_server(config: TrainConfig, log_path: Path) -> Iterator[str]:
+    """The URL of the env server a run trains on: ``config.env_url``, or a local server of
+    ``config.env`` with its ``env_settings`` started for the run (logging to ``log_path``)."""
+    if config.env_url:
+        yield config.env_url
+        return
+    from agentgym.servers.launcher import start_server_process, wait_healthy
+
+    args = ["--log-level", "warning", "--max-sessions", str(max(64, 2 * config.concurrency))]
+    for key, value in config.env_settings.items():
+        args += ["--set", f"{key}={value}"]
+    server = start_server_process(config.env, extra_args=args, log_path=str(log_path))
+    try:
+        wait_healthy(server.url, 300, server.process)
+        yield server.url
+    finally:
+        server.stop()
 
 
 async def split_task_ids(url: str) -> tuple[dict[str, int], dict[str, list[str]]]:

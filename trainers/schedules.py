@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -39,3 +40,11 @@ class ScalingInterHorizon:
         if step < 1:
             raise ValueError("training steps count from 1")
         return self.rounds[min((step - 1) // self.interval, len(self.rounds) - 1)]
+
+
+def schedule_of(config: Any) -> FixedHorizon | ScalingInterHorizon:
+    """The horizon schedule a training config names (``schedule``, ``rounds``, ``interval``,
+    ``max_turns``); ValueError for rounds ScalingInter-RL cannot use."""
+    if config.schedule == "scaling-inter":
+        return ScalingInterHorizon(config.rounds, config.interval)
+    return FixedHorizon(config.max_turns)

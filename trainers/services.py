@@ -159,15 +159,7 @@ class GreedyPlay:
         else:
             tasks, prefix, folder = run.test_tasks[: config.eval_tasks], "eval", "eval"
         specs = [EpisodeSpec(t, split=split) for t in tasks]
-        episodes = self.play(step, specs, config.eval_horizon, folder)
-        outcomes = {e.task_id: float(e.success) for e in episodes}
-        stats = rollout_stats(episodes)
-        return {
-            f"{prefix}_success_rate": average(outcomes.values()),
-            f"{prefix}_invalid_share": stats["invalid_share"],
-            f"{prefix}_context_full": stats["context_full"],
-            f"{prefix}_outcomes": outcomes,
-        }
+        return panel_figures(self.play(step, specs, config.eval_horizon, folder), prefix)
 
     def play(self, step: int, specs: list[EpisodeSpec], max_turns: int, folder: str) -> list[Trajectory]:
         """Play ``specs`` greedily within ``max_turns`` with the current weights; the
@@ -181,3 +173,17 @@ class GreedyPlay:
             episodes = run.complete(run.collector.generator.evaluate(specs, rollout))
         run.collector.record(step, episodes, folder=f"rollouts/{folder}")
         return episodes
+
+
+def panel_figures(episodes: list[Trajectory], prefix: str) -> dict[str, Any]:
+    """A held-out panel's figures (``eval_*`` for the test panel, ``val_*`` for validation):
+    the success rate, invalid replies, context overflows, and each task's outcome (for the
+    before/after comparison, ``heldout.py``)."""
+    outcomes = {e.task_id: float(e.success) for e in episodes}
+    stats = rollout_stats(episodes)
+    return {
+        f"{prefix}_success_rate": average(outcomes.values()),
+        f"{prefix}_invalid_share": stats["invalid_share"],
+        f"{prefix}_context_full": stats["context_full"],
+        f"{prefix}_outcomes": outcomes,
+    }

@@ -54,6 +54,13 @@ def train(
         int,
         typer.Option(min=1, help="Data-parallel processes (torch.distributed: gloo on CPU, nccl on GPU)."),
     ] = 1,
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="ours (the default) | trl: TRL's GRPOTrainer (under accelerate with --nproc) with our "
+            "envs and algorithm, writing the same run folder (docs/trl.md)."
+        ),
+    ] = "ours",
     report_to: Annotated[
         list[str],
         typer.Option(
@@ -70,6 +77,8 @@ def train(
 
     if resume and out is None:
         raise fail("--resume needs --out RUN_DIR", 2)
+    if engine not in ENGINES:
+        raise fail(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}", 2)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and out is None:  # started by torchrun on several nodes
         raise fail("several processes need one run folder: --out RUN_DIR, on a filesystem every node sees", 2)
     try:
@@ -84,6 +93,8 @@ def train(
         typer.echo(commented_yaml(resolved), nl=False)
         return
     run_dir = Path(resolved.output_dir)
+    if engine == "trl":
+        _check_for_trl(resolved, nproc, resume)
     rank = int(os.environ.get("RANK", "0"))  # set by torchrun in each data-parallel process
     if resume and rank == 0:  # before any model loads; a refused resume changes nothing
         from agentgym.run_folder import RunDir
@@ -107,6 +118,9 @@ def train(
         console.print(
             f"run folder: {run_dir}  ({resolved.algo}, {resolved.schedule} schedule, {resolved.env})"
         )
+    if engine == "trl":
+        _train_on_trl(resolved, run_dir, nproc)
+        return
     if nproc > 1 and "WORLD_SIZE" not in os.environ:
         _launch_data_parallel(nproc, resolved, run_dir, resume)
         return
@@ -127,6 +141,50 @@ def train(
         f"done in {time.perf_counter() - started:.0f}s: metrics {run_dir / 'metrics.jsonl'}, "
         f"checkpoints {run_dir / 'checkpoints'}, {_plot(run_dir)}"
         + (f", manifest {manifest}" if manifest.exists() else "")
+    )
+
+
+ENGINES = ("ours", "trl")
+"""What ``--engine`` takes: our trainer, or TRL's ``GRPOTrainer`` with our plug-ins."""
+
+
+def _check_for_trl(config: TrainConfig, nproc: int, resume: bool) -> None:
+    """Refuse what TRL cannot run, before any model loads (exit 2)."""
+    from agentgym.errors import UsageError
+
+    if resume:
+        raise fail("--resume: a run on --engine trl does not resume yet; start it again in a new --out", 2)
+    try:
+        from agentgym.trainers.trl_engine.build import check_for_trl
+
+        check_for_trl(config, nproc)
+    except ModuleNotFoundError as exc:
+        raise fail(
+            f"--engine trl needs TRL ({exc.name} is not installed): pip install 'agentgym[trl]'", 2
+        ) from None
+    except UsageError as exc:
+        raise fail(str(exc), 2) from None
+
+
+def _train_on_trl(config: TrainConfig, run_dir: Path, nproc: int) -> None:
+    """Train on TRL: in this process, or ``nproc`` under ``accelerate launch``."""
+    from agentgym.trainers.trl_engine.run import launch_command, train_on_trl
+
+    started = time.perf_counter()
+    try:
+        if nproc > 1:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            config.save(run_dir / "config.yaml")
+            if code := subprocess.call(launch_command(nproc, run_dir)):
+                raise fail(f"training on TRL failed (exit code {code}); see the messages above", 1)
+        else:
+            train_on_trl(config, run_dir)
+    except KeyboardInterrupt:
+        raise fail(
+            f"interrupted: {_what_a_resume_keeps(run_dir)}; a TRL run starts again in a new --out", 130
+        ) from None
+    console.print(
+        f"done in {time.perf_counter() - started:.0f}s on TRL: metrics {run_dir / 'metrics.jsonl'}, {_plot(run_dir)}"
     )
 
 

@@ -20,7 +20,7 @@ from agentgym.policies.base import Generation, GenerationRequest, Message, Sampl
 from agentgym.policies.batching import BatcherStats, ContinuousBatcher
 from agentgym.policies.chat import chat_prompt_ids, choice_ids, end_of_turn_id, stop_token_ids
 from agentgym.policies.dtypes import resolve_dtype
-from agentgym.policies.models import DEFAULT_MODEL, ModelSource, load_causal_lm
+from agentgym.policies.models import DEFAULT_MODEL, LoadedModel, ModelSource, load_causal_lm
 from agentgym.policies.runs import played_by
 from agentgym.policies.sampling import token_logprobs
 
@@ -55,13 +55,33 @@ class HFPolicy:
         prefix_cache: int | None = None,
         name: str | None = None,
     ) -> None:
-        self.name = name or model
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        device_ = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         trained = played.dtype if (played := played_by(model)) else None
-        loaded = load_causal_lm(
-            model, dtype=resolve_dtype(dtype, self.device, trained), device=str(self.device)
-        )
+        loaded = load_causal_lm(model, dtype=resolve_dtype(dtype, device_, trained), device=str(device_))
+        self._attach(loaded, name or model, max_batch_size, batch_wait_ms, prefix_cache)
+
+    @classmethod
+    def around(
+        cls, loaded: LoadedModel, name: str, *, max_batch_size: int = 8, batch_wait_ms: float = 5.0
+    ) -> HFPolicy:
+        """A policy that plays ``loaded.model`` as it is, sharing its weights: another
+        engine's model in training (TRL's), whose every optimizer step it then samples from.
+        Whoever changes the weights sets :attr:`weights_version` before the next sample."""
+        policy = cls.__new__(cls)
+        policy._attach(loaded, name, max_batch_size, batch_wait_ms, None)
+        return policy
+
+    def _attach(
+        self,
+        loaded: LoadedModel,
+        name: str,
+        max_batch_size: int,
+        batch_wait_ms: float,
+        prefix_cache: int | None,
+    ) -> None:
+        self.name = name
         self.tokenizer, self.model = loaded.tokenizer, loaded.model
+        self.device = self.model.device
         self.source: ModelSource = loaded.source
         """Where the weights came from (``source.describe()`` hashes them for results files)."""
         self.stop_ids = stop_token_ids(self.tokenizer, self.model.generation_config)

@@ -1,0 +1,174 @@
+"""``agentgym train --engine trl``: a run of our config on TRL's loop, writing our run folder.
+
+The folder is the one our engine writes, so ``eval``, ``export``, ``serve-model``, ``view``
+and ``plot`` read it unchanged: ``config.yaml``, ``play.json``, one ``metrics.jsonl``
+record per step (one of our steps is one TRL generation round: ``build.py``), its
+episodes in ``rollouts/``, a checkpoint of the trained weights after each step, the
+held-out panel greedily before and after, ``manifest.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from agentgym.play_profile import write_play
+from agentgym.policies.dtypes import dtype_name
+from agentgym.rollout import EpisodeSpec, run_episodes
+from agentgym.run_folder import MetricsLog, RunDir
+from agentgym.trainers import heldout, manifest
+from agentgym.trainers.collector import held_out_play, rollout_config, sampling, write_step_episodes
+from agentgym.trainers.figures import rollout_stats
+from agentgym.trainers.loop import env_server, split_task_ids
+from agentgym.trainers.services import panel_figures
+from agentgym.trainers.trl_engine.build import grpo_args, trl_trainer
+from agentgym.trainers.trl_engine.episodes import optimizer_steps_per_round
+
+TRL_FIGURES = {
+    "loss": "loss",
+    "grad_norm": "grad_norm",
+    "entropy": "entropy",
+    "clip_low": "clip_low",
+    "clip_high": "clip_high",
+    "positive_share": "positive_share",
+    "bounds_moved": "bounds_moved",
+    "clip_ratio/region_mean": "clip_frac",
+    "step_time": "update_s",
+}
+"""TRL's figures a step record keeps (their mean over the step's optimizer steps), by the
+names our engine's records use."""
+
+
+class RunFolder(TrainerCallback):
+    """Our run folder from TRL's callbacks: a step's record and checkpoint when a round's
+    optimizer steps are done, the held-out panel before the first and after the last."""
+
+    def __init__(self, trainer: Any, run_dir: RunDir, url: str, test_tasks: list[str]) -> None:
+        self.trainer, self.run_dir, self.url = trainer, run_dir, url
+        self.config = trainer.agentgym_config
+        self.test_tasks = test_tasks[: self.config.eval_tasks]
+        self.metrics = MetricsLog(run_dir.metrics_path)
+        self.logged: dict[str, list[float]] = defaultdict(list)
+        self.per_round = optimizer_steps_per_round(trainer)
+        self.finished_at = 0
+        self.round_started = time.perf_counter()
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.is_world_process_zero:
+            self.metrics.log({"step": 0, "phase": "start", **self.evaluate(0)})
+        self.round_started = time.perf_counter()
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        """TRL logs after every optimizer step (``on_step_end`` comes before the step's log):
+        a round's record is written once its last optimizer step has logged."""
+        for key, value in (logs or {}).items():
+            if isinstance(value, int | float):
+                self.logged[key].append(float(value))
+        done = state.global_step and state.global_step % self.per_round == 0
+        if done and state.global_step != self.finished_at and state.is_world_process_zero:
+            self.finished_at = state.global_step
+            self.finish_round(state, kwargs["optimizer"])
+
+    def finish_round(self, state: Any, optimizer: Any) -> None:
+        played = self.trainer.episodes.last
+        step = played.step
+        write_step_episodes(self.run_dir.path, "rollouts", step, played.episodes)
+        record = {"step": step, "phase": "rl", "engine": "trl", "max_turns": played.max_turns}
+        record["step_s"] = round(time.perf_counter() - self.round_started, 2)  # rollouts and updates
+        record["rollout_s"] = played.rollout_s
+        record |= rollout_stats(played.episodes)
+        record |= {
+            ours: statistics.fmean(self.logged[trl]) for trl, ours in TRL_FIGURES.items() if self.logged[trl]
+        }
+        self.logged.clear()
+        if step == self.config.steps:
+            record |= self.evaluate(step)
+        self.metrics.log(record)
+        model = self.trainer.accelerator.unwrap_model(self.trainer.model)
+        saved = {"engine": "trl", "trl_global_step": state.global_step}
+        self.run_dir.save_checkpoint(step, model, optimizer, saved, keep=self.config.keep_checkpoints)
+        self.round_started = time.perf_counter()
+
+    def evaluate(self, step: int) -> dict[str, Any]:
+        """Greedy play of the test panel at the held-out turn limit, kept in ``rollouts/eval``."""
+        policy = self.trainer.episodes.policy_for(self.trainer)
+        config = self.config
+        rollout = rollout_config(config, config.eval_horizon, sampling(config, greedy=True))
+        specs = [EpisodeSpec(task, split="test") for task in self.test_tasks]
+        model = policy.model
+        was_training = model.training
+        model.eval()
+        try:
+            episodes = asyncio.run(run_episodes(self.url, policy, specs, rollout))
+        finally:
+            model.train(was_training)
+        write_step_episodes(self.run_dir.path, "rollouts/eval", step, episodes)
+        return panel_figures(episodes, "eval")
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.metrics.close()
+        if not state.is_world_process_zero:
+            return
+        before, after = heldout.outcomes_by_phase(self.metrics.read())
+        record = manifest.build_manifest(
+            tasks=sorted(before.keys() | after.keys()),
+            seeds=[self.config.seed],
+            model_sha256=manifest.source_sha256(self.trainer.episodes.source),
+            generator="hf",
+            config=self.config.to_dict() | {"engine": "trl"},
+            outcomes=heldout.evaluations(self.metrics.read()),
+        )
+        manifest.write_manifest(self.run_dir.path, record)
+
+
+def train_on_trl(config: Any, run_dir: Path) -> Path:
+    """Train ``config`` on TRL into ``run_dir``: in this process, or in each process
+    ``accelerate launch`` started (every one plays its share of each round on its own env
+    server; the first writes the run folder)."""
+    folder = RunDir(run_dir)
+    with env_server(config, folder.path / f"env-{os.environ.get('RANK', '0')}.log") as url:
+        _, ids = asyncio.run(split_task_ids(url))
+        trainer = trl_trainer(config, url, ids["train"], grpo_args(config, str(folder.path / "trl")))
+        if trainer.accelerator.is_main_process:
+            config.save(folder.path / "config.yaml")
+            write_play(folder.path, held_out_play(config, dtype_name(trainer.model.dtype)))
+        trainer.add_callback(RunFolder(trainer, folder, url, ids["test"]))
+        try:
+            trainer.train()
+        finally:
+            trainer.episodes.close()
+    return folder.path
+
+
+def launch_command(nproc: int, run_dir: Path) -> list[str]:
+    """``accelerate launch`` of :func:`main` in ``nproc`` processes. With an accelerate
+    config (``accelerate config``: DeepSpeed, FSDP, several nodes) that config decides;
+    without one, ``--multi_gpu``: accelerate's torchrun launcher, which on a machine without
+    GPUs runs the processes on the CPU over gloo (its ``--cpu`` would start one process)."""
+    from accelerate.commands.config import default_config_file
+
+    configured = os.path.isfile(os.environ.get("ACCELERATE_CONFIG_FILE", default_config_file))
+    return [sys.executable, "-m", "accelerate.commands.launch", *([] if configured else ["--multi_gpu"]),
+            "--num_processes", str(nproc), "-m", "agentgym.trainers.trl_engine.run", str(run_dir)]  # fmt: skip
+
+
+def main() -> None:
+    """``python -m agentgym.trainers.trl_engine.run RUN_DIR``: train the config saved there."""
+    from agentgym.trainers.config import TrainConfig
+
+    run_dir = Path(sys.argv[1])
+    train_on_trl(TrainConfig.load(run_dir / "config.yaml"), run_dir)
+
+
+if __name__ == "__main__":
+    main()
