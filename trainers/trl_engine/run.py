@@ -18,6 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from accelerate.utils import gather_object
 from transformers import TrainerCallback
 
 from agentgym.play_profile import write_play
@@ -75,18 +76,21 @@ class RunFolder(TrainerCallback):
             if isinstance(value, int | float):
                 self.logged[key].append(float(value))
         done = state.global_step and state.global_step % self.per_round == 0
-        if done and state.global_step != self.finished_at and state.is_world_process_zero:
+        if done and state.global_step != self.finished_at:
             self.finished_at = state.global_step
-            self.finish_round(state, kwargs["optimizer"])
+            # Every rank played its share of the round: the record holds them all.
+            episodes = gather_object(list(self.trainer.episodes.last.episodes))
+            if state.is_world_process_zero:
+                self.finish_round(state, kwargs["optimizer"], episodes)
 
-    def finish_round(self, state: Any, optimizer: Any) -> None:
+    def finish_round(self, state: Any, optimizer: Any, episodes: list[Any]) -> None:
         played = self.trainer.episodes.last
         step = played.step
-        write_step_episodes(self.run_dir.path, "rollouts", step, played.episodes)
+        write_step_episodes(self.run_dir.path, "rollouts", step, episodes)
         record = {"step": step, "phase": "rl", "engine": "trl", "max_turns": played.max_turns}
         record["step_s"] = round(time.perf_counter() - self.round_started, 2)  # rollouts and updates
         record["rollout_s"] = played.rollout_s
-        record |= rollout_stats(played.episodes)
+        record |= rollout_stats(episodes)
         record |= {
             ours: statistics.fmean(self.logged[trl]) for trl, ours in TRL_FIGURES.items() if self.logged[trl]
         }
