@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentgym.errors import UsageError
+from agentgym.trainers.presets import CLIPPED_RL
 
 UNSUPPORTED = {
     "bc_steps": (0, "clone with our engine first (--steps 0), then train on TRL from that run (--model RUN)"),
@@ -66,7 +67,7 @@ def check_for_trl(config: Any, processes: int = 1) -> Layout:
         for name, (value, why) in UNSUPPORTED.items()
         if getattr(config, name) != value
     ]
-    if config.preset.regime != "agentgym.trainers.regimes:ClippedRL":
+    if config.preset.regime != CLIPPED_RL:
         problems.append(
             f"algo {config.algo!r} trains in its own regime; TRL runs the clipped-ratio algorithms"
         )
