@@ -31,7 +31,7 @@ from agentgym.trainers.figures import rollout_stats
 from agentgym.trainers.loop import env_server, split_task_ids
 from agentgym.trainers.services import panel_figures
 from agentgym.trainers.trl_engine.build import grpo_args, trl_trainer
-from agentgym.trainers.trl_engine.episodes import optimizer_steps_per_round
+from agentgym.trainers.trl_engine.episodes import optimizer_steps_per_round, playing
 
 TRL_FIGURES = {
     "loss": "loss",
@@ -109,13 +109,8 @@ class RunFolder(TrainerCallback):
         config = self.config
         rollout = rollout_config(config, config.eval_horizon, sampling(config, greedy=True))
         specs = [EpisodeSpec(task, split="test") for task in self.test_tasks]
-        model = policy.model
-        was_training = model.training
-        model.eval()
-        try:
+        with playing(policy, self.trainer.state.global_step):
             episodes = asyncio.run(run_episodes(self.url, policy, specs, rollout))
-        finally:
-            model.train(was_training)
         write_step_episodes(self.run_dir.path, "rollouts/eval", step, episodes)
         return panel_figures(episodes, "eval")
 
@@ -123,14 +118,15 @@ class RunFolder(TrainerCallback):
         self.metrics.close()
         if not state.is_world_process_zero:
             return
-        before, after = heldout.outcomes_by_phase(self.metrics.read())
+        records = self.metrics.read()
+        before, after = heldout.outcomes_by_phase(records)
         record = manifest.build_manifest(
             tasks=sorted(before.keys() | after.keys()),
             seeds=[self.config.seed],
             model_sha256=manifest.source_sha256(self.trainer.episodes.source),
             generator="hf",
             config=self.config.to_dict() | {"engine": "trl"},
-            outcomes=heldout.evaluations(self.metrics.read()),
+            outcomes=heldout.evaluations(records),
         )
         manifest.write_manifest(self.run_dir.path, record)
 
