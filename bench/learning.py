@@ -28,7 +28,10 @@ the updates themselves, moves the model.
 A ``--variant "NAME ARM KEY=VALUE ..."`` is a further arm: ARM with those settings, for
 re-deriving one default against its runner-up. It shares the seed's cloning start, so
 its settings must be ones of the RL phase (learning rate, rounds, tasks per step), not of
-cloning; ``--reference`` names the arm the paired column is against.
+cloning; ``--reference`` names the arm the paired column is against. A
+``--whole-run-variant`` is the same with settings that cloning reads too (``dtype``): it
+clones its own start with them (``--out/<env>/_bc-start-<NAME>/seed-<s>``), so the arm is a
+whole default run under its settings.
 Every arm is evaluated greedily at the env's fixed held-out turn limit on the same
 validation tasks (``eval_every`` = the RL steps: after cloning and at the end), where
 choices are made, and on the same frozen test tasks, reported once per configuration.
@@ -124,6 +127,14 @@ def main() -> None:
         metavar='"NAME ARM KEY=VALUE ..."',
         help="a further arm: ARM with these TrainConfig settings of the RL phase",
     )
+    parser.add_argument(
+        "--whole-run-variant",
+        dest="whole_run_variants",
+        action="append",
+        default=[],
+        metavar='"NAME ARM KEY=VALUE ..."',
+        help="a further arm whose settings apply to cloning too: it clones its own start with them",
+    )
     parser.add_argument("--reference", default=BC_ARM, help="the arm the paired column is against")
     parser.add_argument(
         "--report-only", action="store_true", help="print the table from finished runs; train nothing"
@@ -137,12 +148,15 @@ def main() -> None:
     )
     args = parser.parse_args()
     known = dict(ARMS)
-    for text in args.variants:
+    own_starts: dict[str, dict[str, Any]] = {}  # whole-run variant -> its cloning start's settings
+    for text in [*args.variants, *args.whole_run_variants]:
         words = text.split()
         if len(words) < 2 or words[1] not in ARMS:
             parser.error(f"variant {text!r}: give NAME ARM KEY=VALUE ..., ARM from: {', '.join(ARMS)}")
         name, arm, *settings = words
         known[name] = {**ARMS[arm], **parse_settings(settings)}
+        if text in args.whole_run_variants:
+            own_starts[name] = parse_settings(settings)
     names = args.arms.split(",") if args.arms else DEFAULT_ARMS.get(args.env, list(ARMS))
     unknown = [arm for arm in [*names, args.reference] if arm not in known]
     if unknown:
@@ -162,7 +176,7 @@ def main() -> None:
         for seed in args.seeds:
             # bc-continued is timed by an RL arm of the same seed: RL arms first.
             for arm in sorted(arms, key=lambda a: a == BC_ARM):
-                train(args.out / args.env, arm, seed, base, shared, arms)
+                train(args.out / args.env, arm, seed, base, shared, arms, own_starts.get(arm))
     report(args.out / args.env, list(arms), args.seeds, args.reference)
     if args.save:
         save_results(args.out / args.env, args.save / args.env, list(arms), args.seeds)
@@ -190,21 +204,27 @@ def train(
     base: TrainConfig,
     shared: dict[str, Any],
     arms: dict[str, dict[str, Any]],
+    own_start: dict[str, Any] | None = None,
 ) -> None:
+    """Train ``arm``'s run of ``seed`` from the seed's cloning start (its own, cloned with
+    ``own_start``'s settings, for a whole-run variant)."""
     folder = run_dir(root, arm, seed)
     if finished(folder):
         console.print(f"[dim]{arm} seed {seed}: done earlier, skipped[/dim]")
         return
     if not (folder / "metrics.jsonl").exists():
-        start = cloned_start(root, seed, shared)
+        if own_start is None:
+            start = cloned_start(root, seed, shared)
+        else:
+            start = cloned_start(root, seed, {**shared, **own_start}, f"{START}-{arm}")
         overrides = {**shared, **arm_overrides(arm, seed, base, root, arms), "seed": seed}
         fork(start, folder, base.with_overrides(overrides | {"output_dir": str(folder)}))
     run_train(f"{arm} seed {seed}", folder, None)
 
 
-def cloned_start(root: Path, seed: int, shared: dict[str, Any]) -> Path:
-    """The seed's behaviour-cloning run (no RL steps), trained on first use."""
-    folder = run_dir(root, START, seed)
+def cloned_start(root: Path, seed: int, shared: dict[str, Any], name: str = START) -> Path:
+    """The seed's behaviour-cloning run (no RL steps) in ``root/name``, trained on first use."""
+    folder = run_dir(root, name, seed)
     if not finished(folder):
         run_train(f"behaviour cloning, seed {seed}", folder, {**shared, "seed": seed, "steps": 0})
     return folder
