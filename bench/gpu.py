@@ -13,8 +13,9 @@ and SmolLM2's tokenizer (ids fit every shape's vocabulary).
 For each shape it measures, through the trainer's own code: update tokens/s (one clipped
 update, forward and backward, one sequence a micro-batch, not packed: right-padded batches
 trimmed to their longest sequence) with LoRA and with every weight trained, at several
-sequence lengths up to 16k tokens, in bf16 on CUDA; generation tokens/s through
-``HFPolicy``'s continuous batcher; peak device memory. It checks that one BAPO and one GRPO
+sequence lengths up to 16k tokens, in bf16 on CUDA; generation tokens/s at several
+concurrent replies through the continuous batcher (CUDA graphs and eager) against plain
+``generate`` with a static cache (``bench/generation.py``); peak device memory. It checks that one BAPO and one GRPO
 update on the device match the same update on the CPU (same weights, same batch, float32:
 loss, gradient norm and updated weights within ``--tolerance``) and that a checkpoint saved
 on the device loads back. One JSON (``--out``) and a table. Figures: ``docs/gpu.md``.
@@ -36,8 +37,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+from generation import generation_rows
 
-from agentgym.policies.base import GenerationRequest, SamplingParams
 from agentgym.policies.dtypes import dtype_name, resolve_dtype
 from agentgym.policies.hf import HFPolicy
 from agentgym.run_folder import RunDir
@@ -77,6 +78,8 @@ PLANS = {
     "cpu": (["smollm2-135m"], [1024], 32),
 }
 """shapes, update sequence lengths, generated tokens per reply."""
+REPLIES = {"full": [8, 64, 256], "quick": [8, 64], "tiny": [4], "cpu": [8]}
+"""Concurrent replies of each generation row."""
 MATCH_SHAPE = {"full": "smollm2-135m", "quick": "smollm2-135m", "tiny": "tiny", "cpu": "smollm2-135m"}
 PACKING = {"full": ("qwen3-0.6b", 16384, 512, 2048), "quick": ("qwen3-0.6b", 16384, 512, 2048)}
 PACKING["tiny"] = ("tiny", 512, 16, 64)
@@ -132,11 +135,19 @@ def run(
     time limit keeps what it measured)."""
     shapes, lengths, new_tokens = PLANS[plan]
     started = time.perf_counter()
-    report: dict[str, Any] = {"machine": machine(device), "plan": plan, "rows": [], "match": []}
+    report: dict[str, Any] = {
+        "machine": machine(device),
+        "plan": plan,
+        "rows": [],
+        "generation": [],
+        "match": [],
+    }
     with tempfile.TemporaryDirectory() as scratch:
         for shape in shapes:
             folder = model_folder(Path(scratch) / shape, shape, tok, device)
-            report["rows"] += shape_figures(shape, folder, device, dtype, lengths, new_tokens)
+            rows, generation = shape_figures(shape, folder, device, dtype, lengths, REPLIES[plan], new_tokens)
+            report["rows"] += rows
+            report["generation"] += generation
             report["attention"] = attention_kernel(folder, device)
             if shape == PACKING[plan][0]:
                 report["rows"] += packing_figures(folder, device, dtype, *PACKING[plan][1:])
@@ -225,9 +236,16 @@ def sequences(count: int, length: int, vocab: int, seed: int = 0) -> list[dict[s
 
 
 def shape_figures(
-    shape: str, folder: Path, device: torch.device, dtype: torch.dtype, lengths: list[int], new_tokens: int
-) -> list[dict[str, Any]]:
-    rows = []
+    shape: str,
+    folder: Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    lengths: list[int],
+    replies: list[int],
+    new_tokens: int,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The update rows and the generation rows of one shape."""
+    rows, generation = [], []
     for lora in (True, False):
         policy = HFPolicy(str(folder), device=str(device), dtype=dtype)
         config = train_config(folder, "grpo", lora, dtype=dtype_name(dtype))
@@ -237,11 +255,11 @@ def shape_figures(
             rows[-1] |= update_speed(config, learner, length, device)
             rows[-1]["mfu_pct"] = mfu(learner.model.config, rows[-1]["update_tokens_s"], length, device)
         if lora:  # generation does not depend on what is trained
-            rows[-1]["generation_tokens_s"] = generation_speed(policy, new_tokens, device)
+            generation = generation_rows(policy, shape, replies, new_tokens)
         asyncio.run(policy.close())
         del learner, policy
         _free(device)
-    return rows
+    return rows, generation
 
 
 def update_speed(config: TrainConfig, learner: Learner, length: int, device: torch.device) -> dict[str, Any]:
@@ -361,22 +379,6 @@ def median_seconds(work: Any, device: torch.device) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def generation_speed(policy: HFPolicy, new_tokens: int, device: torch.device, replies: int = 8) -> float:
-    """Sampled tokens/s of ``replies`` concurrent replies through the continuous batcher
-    (the median of ``REPEATS`` rounds)."""
-    requests = [
-        GenerationRequest([{"role": "user", "content": f"Describe room {i} and what to do there."}])
-        for i in range(replies)
-    ]
-    sampling = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=0)
-    for _ in range(2):  # warm-up: on an H200 the first two full rounds ran 3x slower than the rest
-        asyncio.run(policy.generate(requests, sampling))
-    rounds: list[list[Any]] = []
-    seconds = median_seconds(lambda: rounds.append(asyncio.run(policy.generate(requests, sampling))), device)
-    # Seeded: every round samples the same tokens, so the median time gives the median rate.
-    return round(sum(len(g.token_ids or []) for g in rounds[-1]) / seconds, 1)
-
-
 def update_match(folder: Path, algo: str, device: torch.device, tolerance: float) -> dict[str, Any]:
     """One ``algo`` update on ``device`` and on the CPU from the same weights and batch,
     float32 (TF32 off): the loss and the gradient must agree within ``tolerance`` (the
@@ -470,14 +472,20 @@ def print_table(report: dict[str, Any]) -> None:
     print(", ".join(f"{k} {v}" for k, v in facts.items()), f"| attention: {report.get('attention')}")
     print(
         f"{'shape':14} {'trained':8} {'dtype':9} {'layout':14} {'tokens':>7} {'update tok/s':>13} "
-        f"{'MFU %':>6} {'peak GiB':>9} {'gen tok/s':>10}"
+        f"{'MFU %':>6} {'peak GiB':>9}"
     )
     for row in report["rows"]:
         update = "OOM" if row["oom"] else row["update_tokens_s"]
         print(
             f"{row['shape']:14} {'LoRA' if row['lora'] else 'all':8} {row['dtype']:9} "
             f"{row.get('layout', 'one sequence'):14} {row['tokens']:>7} {update!s:>13} {row['mfu_pct']!s:>6} "
-            f"{row['peak_gib']!s:>9} {row.get('generation_tokens_s', ''):>10}"
+            f"{row['peak_gib']!s:>9}"
+        )
+    print(f"{'shape':14} {'replies':>7} {'graphs tok/s':>13} {'eager tok/s':>12} {'generate+static':>16}")
+    for row in report["generation"]:
+        print(
+            f"{row['shape']:14} {row['replies']:>7} {row.get('batcher_graphs_tokens_s', ''):>13} "
+            f"{row['batcher_eager_tokens_s']:>12} {row['generate_static_tokens_s']:>16}"
         )
     for match in report["match"]:
         print(

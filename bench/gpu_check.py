@@ -23,7 +23,7 @@ from pathlib import Path
 import gpu_kit
 
 BENCH = Path(__file__).resolve().parent
-CUDA_TESTS = ["tests/test_trainer_recipes.py", "-k", "cuda"]
+CUDA_TESTS = ["tests/test_trainer_recipes.py", "tests/test_slots.py", "-k", "cuda"]
 """The tests the suite skips without a CUDA device."""
 
 

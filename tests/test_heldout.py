@@ -449,3 +449,32 @@ def test_pass_at_k_tables_read_each_runs_final_evaluation(tmp_path: Path, monkey
     ]
     ood = bench.pass_table(root, arms, [0, 1], "ood", 8, "bc-continued")
     assert ood.columns[2]._cells == ["not evaluated yet"] * 2
+
+
+def test_a_whole_run_variant_clones_its_own_start(tmp_path: Path, monkeypatch) -> None:
+    """``--whole-run-variant`` settings reach cloning too (``dtype``): its arm starts from a
+    cloning run of its own trained with them, while the other arms share the seed's start."""
+    bench = load_bench()
+    trained: dict[str, dict | None] = {}
+
+    def fake_train(label: str, folder: Path, overrides: dict | None) -> None:
+        """A new run finishes its cloning; a resumed fork finishes its RL steps."""
+        trained[f"{folder.parent.name}/{folder.name}"] = overrides
+        if overrides is not None:
+            fake_run(folder, 2, 0, {"a": 1.0}, {"a": 1.0}, sha=None)
+            return
+        record = {"step": 3, "phase": "rl", "success_rate": 1.0, "step_s": 1.0, "eval_outcomes": {"a": 1.0}}
+        with (folder / "metrics.jsonl").open("a") as log:
+            log.write(json.dumps(record) + "\n")
+
+    monkeypatch.setattr(bench, "run_train", fake_train)
+    argv = ["learning.py", "--out", str(tmp_path), "--seeds", "0", "--set", "bc_steps=2", "--set", "steps=1"]
+    argv += ["--arms", "bapo+scaling-inter,bf16", "--reference", "bapo+scaling-inter"]
+    monkeypatch.setattr("sys.argv", [*argv, "--whole-run-variant", "bf16 bapo+scaling-inter dtype=bfloat16"])
+    bench.main()
+    assert trained["_bc-start/seed-0"].get("dtype") is None
+    assert trained["_bc-start-bf16/seed-0"]["dtype"] == "bfloat16"
+    assert trained["bapo+scaling-inter/seed-0"] is None and trained["bf16/seed-0"] is None  # forks resumed
+    root = tmp_path / "textworld"
+    for arm, dtype in (("bapo+scaling-inter", "auto"), ("bf16", "bfloat16")):
+        assert yaml.safe_load((bench.run_dir(root, arm, 0) / "config.yaml").read_text())["dtype"] == dtype

@@ -6,6 +6,7 @@ weights (held-out evaluation, the ``unsolved`` curriculum). Each reads the run t
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Protocol
 
 from agentgym.policies.base import Generation, GenerationRequest, SamplingParams
@@ -159,7 +160,9 @@ class GreedyPlay:
         else:
             tasks, prefix, folder = run.test_tasks[: config.eval_tasks], "eval", "eval"
         specs = [EpisodeSpec(t, split=split) for t in tasks]
-        return panel_figures(self.play(step, specs, config.eval_horizon, folder), prefix)
+        started = time.perf_counter()
+        figures = panel_figures(self.play(step, specs, config.eval_horizon, folder), prefix)
+        return figures | {f"{prefix}_s": round(time.perf_counter() - started, 2)}  # where a run's time goes
 
     def play(self, step: int, specs: list[EpisodeSpec], max_turns: int, folder: str) -> list[Trajectory]:
         """Play ``specs`` greedily within ``max_turns`` with the current weights; the

@@ -2,14 +2,16 @@
 
 Requests from many episodes go into one queue. A worker thread (torch releases the GIL,
 so the event loop stays free) runs a *live batch*: each iteration it admits waiting
-requests (one prefill forward for the newcomers, whose KV cache is then merged into the
-live one), samples one token for every row, answers the rows that finished at once,
-drops them from the batch, and runs one decode forward for the rest. So no episode
-waits for a whole batch to drain, and no turn-level barrier exists between episodes.
+requests (one prefill forward for the newcomers, whose keys and values are then copied
+into free slots of the live batch's :class:`~agentgym.policies.slots.SlotCache`), samples
+one token for every row, answers the rows that finished at once, drops them from the
+batch, and runs one decode forward for the rest. So no episode waits for a whole batch to
+drain, and no turn-level barrier exists between episodes.
 
-Rows are left-padded: every row's cache has the same length, real positions are given
-explicitly (``position_ids``) and padding is masked, so a row's tokens do not depend on
-what else shares its batch (up to float rounding).
+Each row's positions are its own (``position_ids``; prefills are left-padded and the
+padding masked), so a row's tokens do not depend on what else shares its batch (up to
+float rounding). Decode steps run on static slots whose shapes change only between a few
+buckets, captured as CUDA graphs on a GPU (:mod:`agentgym.policies.slots`).
 
 Every sampled token records the weights version (:attr:`ContinuousBatcher.version`) of
 the forward that computed its logits, so a trainer that updates the weights between two
@@ -20,8 +22,8 @@ turn of the same episode, or the same first prompt of a group of episodes) reuse
 and values (:mod:`agentgym.policies.prefix_cache`), so a turn encodes only its new tokens.
 
 Caches that are not plain full-attention ``DynamicCache`` layers (sliding windows,
-recurrent state) cannot be merged; then newcomers wait until the live batch drains, and
-nothing is reused.
+recurrent state) cannot be slotted; then the live batch decodes on the model's own cache,
+newcomers wait until it drains, and nothing is reused.
 """
 
 from __future__ import annotations
@@ -46,15 +48,15 @@ from agentgym.policies.live_batch import (
     allowed_tokens,
     fail,
     left_padded,
-    merge,
-    mergeable,
     pad_left,
     select,
+    slottable,
     stamp,
     started,
 )
 from agentgym.policies.prefix_cache import CachedPrefix, PrefixCache
 from agentgym.policies.sampling import sample_next
+from agentgym.policies.slots import SlotCache
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +103,8 @@ class ContinuousBatcher:
         prefix_cache: encoded sequences kept for reuse by later prompts that start with
             them; default ``4 × max_batch_size`` (every live episode's last turn and
             more); 0 turns reuse off.
+        cuda_graphs: replay decode steps as CUDA graphs on a CUDA device (default: yes);
+            a capture that fails falls back to eager steps.
     """
 
     def __init__(
@@ -112,6 +116,7 @@ class ContinuousBatcher:
         batch_wait_s: float = 0.005,
         max_positions: int | None = None,
         prefix_cache: int | None = None,
+        cuda_graphs: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
@@ -124,6 +129,9 @@ class ContinuousBatcher:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop_ids)
         self.stats = BatcherStats()
         self.prefixes = PrefixCache(4 * max_batch_size if prefix_cache is None else prefix_cache)
+        self.cuda_graphs = cuda_graphs
+        self.slots: SlotCache | None = None
+        """The live rows' keys and values, made at the first prefill of a slottable model."""
         self.lock = threading.Lock()
         """Held around every forward pass; hold it to change the weights between steps."""
         self.version = 0
@@ -194,7 +202,7 @@ class ContinuousBatcher:
         self._fail_all(live)
 
     def _admit(self, live: LiveBatch | None, rows: list[Row]) -> LiveBatch | None:
-        """Prefill ``rows`` and merge them into ``live``; a failed prefill (a prompt too
+        """Prefill ``rows`` and add them to ``live``; a failed prefill (a prompt too
         long for memory, say) fails only its newcomers. Rows with a cached prefix share
         one forward that encodes only the rest of their prompts; the others share another."""
         fresh, extended, prefixes = [], [], []
@@ -211,9 +219,27 @@ class ContinuousBatcher:
         if fresh:
             batches.append(self._guarded(fresh, self._prefill, fresh))
         for batch in batches:
-            if batch is not None:
-                live = batch if live is None else self._guarded(live.rows + batch.rows, merge, live, batch)
+            if batch is None:
+                continue
+            if live is None and not slottable(batch.cache):
+                live = batch  # decodes on the model's own cache until it drains
+            else:
+                rows = batch.rows if live is None else live.rows + batch.rows
+                live = self._guarded(rows, self._slot_in, live, batch)
         return live
+
+    def _slot_in(self, live: LiveBatch | None, batch: LiveBatch) -> LiveBatch:
+        """``batch`` (a prefill's rows) copied into free slots after ``live``'s rows."""
+        layers = [(layer.keys, layer.values) for layer in batch.cache.layers]
+        if self.slots is None:
+            graphs = self.cuda_graphs and self.device.type == "cuda"
+            self.slots = SlotCache(layers, self.max_batch_size, self.max_positions, graphs)
+        if live is None:
+            self.slots.rows = 0  # the last live batch drained, or failed: every slot is free
+        self.slots.admit(layers, batch.mask)
+        if live is None:
+            return LiveBatch(batch.rows, self.slots, None, batch.logits)
+        return LiveBatch(live.rows + batch.rows, self.slots, None, torch.cat([live.logits, batch.logits]))
 
     def _guarded(self, rows: list[Row], fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)``; on an error, fail ``rows`` (whose requests it served) and return
@@ -231,7 +257,7 @@ class ContinuousBatcher:
         ``batch_wait_s`` for company; a busy one takes only what is already waiting."""
         if live is None:
             return started(self._take_idle())
-        room = self.max_batch_size - len(live.rows) if mergeable(live.cache) else 0
+        room = self.max_batch_size - len(live.rows) if isinstance(live.cache, SlotCache) else 0
         rows: list[Row] = []
         while len(rows) < room:
             try:
@@ -305,14 +331,17 @@ class ContinuousBatcher:
 
     def _remember(self, ids: list[int], live: LiveBatch, index: int) -> None:
         """Cache the keys and values of ``live``'s row ``index``, which encode ``ids``."""
-        if self.prefixes.capacity < 1 or not mergeable(live.cache):
+        if self.prefixes.capacity < 1:
             return
-        columns = live.mask[index].nonzero().flatten()
-        layers = [
-            (layer.keys[index : index + 1, :, columns], layer.values[index : index + 1, :, columns])
-            for layer in live.cache.layers
-        ]
-        self.prefixes.put(ids, layers, self.version)
+        if isinstance(live.cache, SlotCache):
+            self.prefixes.put(ids, live.cache.row(index, len(ids)), self.version)
+        elif slottable(live.cache) and live.mask is not None:
+            columns = live.mask[index].nonzero().flatten()
+            layers = [
+                (layer.keys[index : index + 1, :, columns], layer.values[index : index + 1, :, columns])
+                for layer in live.cache.layers
+            ]
+            self.prefixes.put(ids, layers, self.version)
 
     def _step(self, live: LiveBatch) -> LiveBatch | None:
         """Sample a token for every row, answer the finished rows, decode the rest."""
@@ -345,8 +374,17 @@ class ContinuousBatcher:
         if not keep:
             return None
         if len(keep) < len(rows):
-            live = select(live, keep)
+            live = self._keep(live, keep)
         return self._decode(live, tokens[keep])
+
+    def _keep(self, live: LiveBatch, keep: list[int]) -> LiveBatch:
+        """``live`` with only its rows ``keep`` (increasing)."""
+        if not isinstance(live.cache, SlotCache):
+            return select(live, keep)
+        # Up to every token a row has (the newest may not be written yet: copying one
+        # column too many is harmless, the next step writes it before anything reads it).
+        live.cache.keep(keep, [live.rows[i].last_position + 1 for i in keep])
+        return LiveBatch([live.rows[i] for i in keep], live.cache, None, live.logits[keep])
 
     def _without_abandoned(self, live: LiveBatch) -> LiveBatch | None:
         keep = [i for i, row in enumerate(live.rows) if row.future not in self._abandoned]
@@ -355,12 +393,17 @@ class ContinuousBatcher:
                 self._abandoned.discard(row.future)
                 self.stats.abandoned += 1
                 fail(row, CancelledError("the caller gave up on this request"))
-        return select(live, keep) if keep else None
+        return self._keep(live, keep) if keep else None
 
     def _decode(self, live: LiveBatch, tokens: torch.Tensor) -> LiveBatch:
-        mask = torch.cat([live.mask, live.mask.new_ones((len(live.rows), 1))], dim=1)
-        positions = torch.tensor([[row.last_position] for row in live.rows], device=self.device)
-        cache, logits = self._forward(tokens[:, None], mask, positions, live.cache)
+        positions = [row.last_position for row in live.rows]
+        if isinstance(live.cache, SlotCache):
+            cache, mask = live.cache, None
+            logits = cache.decode(self._forward, tokens, positions)
+        else:
+            mask = torch.cat([live.mask, live.mask.new_ones((len(live.rows), 1))], dim=1)
+            at = torch.tensor(positions, device=self.device)[:, None]
+            cache, logits = self._forward(tokens[:, None], mask, at, live.cache)
         self.stats.decode_steps += 1
         stamp(live.rows, self.version)
         return LiveBatch(live.rows, cache, mask, logits)

@@ -1,7 +1,6 @@
 """The rows a :class:`~agentgym.policies.batching.ContinuousBatcher` generates for, and the
-live batch they share: its left-padded KV cache, attention mask and next-token logits, with
-the operations that admit rows into it, drop finished ones and record which weights
-computed what.
+batches they share: a prefill's left-padded KV cache, attention mask and next-token logits,
+with the operations that select rows and record which weights computed what.
 """
 
 from __future__ import annotations
@@ -53,9 +52,11 @@ class Row:
 class LiveBatch:
     rows: list[Row]
     cache: Any
-    """The model's KV cache; every row has the same (left-padded) length."""
-    mask: torch.Tensor
-    """``[B, T]`` attention mask over the cache: 0 on padding."""
+    """The KV cache: a :class:`~agentgym.policies.slots.SlotCache`, or the model's own (a
+    prefill's, or a model that cannot be slotted), where every row has the same
+    (left-padded) length."""
+    mask: torch.Tensor | None
+    """``[B, T]`` attention mask over a model's own cache: 0 on padding; None on slots."""
     logits: torch.Tensor
     """``[B, V]`` next-token logits of every row."""
 
@@ -65,12 +66,18 @@ def allowed_tokens(rows: list[Row], logits: torch.Tensor) -> torch.Tensor | None
     nexts = [row.allowed_next() for row in rows]
     if all(tokens is None for tokens in nexts):
         return None
+    # Built with two indexing calls, not two per row: on a GPU each call is a launch.
+    constrained = [i for i, tokens in enumerate(nexts) if tokens is not None]
+    rows = [i for i in constrained for _ in nexts[i]]
+    columns = [token for i in constrained for token in nexts[i]]
     allowed = torch.ones(logits.shape, dtype=torch.bool, device=logits.device)
-    for i, tokens in enumerate(nexts):
-        if tokens is not None:
-            allowed[i] = False
-            allowed[i, tokens] = True
+    allowed[_indices(constrained, logits.device)] = False
+    allowed[_indices(rows, logits.device), _indices(columns, logits.device)] = True
     return allowed
+
+
+def _indices(values: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.long, device=device)
 
 
 def started(rows: list[Row]) -> list[Row]:
@@ -93,21 +100,9 @@ def fail(row: Row, exc: BaseException) -> None:
         row.future.set_exception(exc)
 
 
-def mergeable(cache: Any) -> bool:
-    """Only plain full-attention dynamic layers can be left-padded and concatenated."""
+def slottable(cache: Any) -> bool:
+    """Only plain full-attention dynamic layers can be copied into slots (or reused)."""
     return isinstance(cache, DynamicCache) and all(type(layer) is DynamicLayer for layer in cache.layers)
-
-
-def merge(live: LiveBatch, new: LiveBatch) -> LiveBatch:
-    """Concatenate two batches, left-padding the shorter cache with masked zeros."""
-    width = max(live.mask.shape[1], new.mask.shape[1])
-    for old_layer, new_layer in zip(live.cache.layers, new.cache.layers, strict=True):
-        old_layer.keys = torch.cat([pad_left(old_layer.keys, width, 2), pad_left(new_layer.keys, width, 2)])
-        old_layer.values = torch.cat(
-            [pad_left(old_layer.values, width, 2), pad_left(new_layer.values, width, 2)]
-        )
-    mask = torch.cat([pad_left(live.mask, width, 1), pad_left(new.mask, width, 1)])
-    return LiveBatch(live.rows + new.rows, live.cache, mask, torch.cat([live.logits, new.logits]))
 
 
 def select(live: LiveBatch, keep: list[int], rows: list[Row] | None = None) -> LiveBatch:
@@ -116,7 +111,7 @@ def select(live: LiveBatch, keep: list[int], rows: list[Row] | None = None) -> L
     index = torch.tensor(keep, device=live.mask.device)
     live.cache.batch_select_indices(index)
     mask = live.mask[index]
-    if mergeable(live.cache):
+    if slottable(live.cache):
         first = int(mask.any(dim=0).int().argmax())
         if first > 0:
             mask = mask[:, first:]
