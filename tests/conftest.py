@@ -30,6 +30,11 @@ if TYPE_CHECKING:
 # is reset to the default in each child, so the children get Python's Ctrl-C back.
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# The suite's exactness checks (log-probs to 1e-4, TRL's loss against ours to 1e-5) are
+# float32's: on a CPU with bf16 instructions `auto` would mean bf16. Set before any test
+# starts, so the CLI processes tests start see it too; tests/test_dtypes.py checks the rule.
+os.environ.setdefault("AGENTGYM_CPU_DTYPE", "float32")
+
 LONGEST_FILES = ("test_trainer.py", "test_vllm.py")
 """The files that take longest (learning tests: minutes each; a vLLM engine), longest first."""
 

@@ -13,6 +13,7 @@ import yaml
 from conftest import run_cli
 from test_trainer_recipes import train
 
+from agentgym.policies import dtypes
 from agentgym.policies.dtypes import export_dtype, resolve_dtype
 from agentgym.policies.hf import HFPolicy
 from agentgym.trainers.algorithms import clipped_surrogate
@@ -27,7 +28,7 @@ def test_an_explicit_dtype_wins_then_the_trained_one_then_the_devices() -> None:
     assert resolve_dtype("bfloat16", cpu, trained="float32") == torch.bfloat16
     assert resolve_dtype(torch.float16, cpu) == torch.float16
     assert resolve_dtype("auto", cpu, trained="bfloat16") == torch.bfloat16
-    assert resolve_dtype(None, "cpu") == torch.float32  # CPU: float32 until the protocol says otherwise
+    assert resolve_dtype(None, "cpu") == torch.float32  # the suite's AGENTGYM_CPU_DTYPE (conftest)
     with pytest.raises(ValueError, match="unknown dtype 'int8'; choose auto or one of bfloat16"):
         resolve_dtype("int8", cpu)
     assert export_dtype(None, "bfloat16") == "bfloat16" and export_dtype("auto", None) == "float32"
@@ -110,3 +111,20 @@ def text_records(tokenizer) -> list[dict]:
         ids = tokenizer(f"Room {i}: {text} What do you do next?").input_ids
         records.append({"token_ids": ids, "loss_mask": [0] * 4 + [1] * (len(ids) - 4), "logprobs": []})
     return records
+
+
+def test_auto_on_a_cpu_is_bf16_where_the_cpu_computes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # This machine's flags, read as the rule reads them.
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    assert dtypes.native_bf16_cpu() == ("avx512_bf16" in flags or "amx_bf16" in flags)
+    monkeypatch.delenv(dtypes.CPU_DTYPE_VARIABLE)
+    monkeypatch.setattr(dtypes, "native_bf16_cpu", lambda: True)
+    assert resolve_dtype("auto", "cpu") == torch.bfloat16
+    assert resolve_dtype("auto", "cpu", trained="float32") == torch.float32  # a trained model: its own
+    monkeypatch.setattr(dtypes, "native_bf16_cpu", lambda: False)  # emulated bf16 is slower
+    assert resolve_dtype("auto", "cpu") == torch.float32
+    monkeypatch.setenv(dtypes.CPU_DTYPE_VARIABLE, "bfloat16")
+    assert resolve_dtype(None, "cpu") == torch.bfloat16
+    monkeypatch.setenv(dtypes.CPU_DTYPE_VARIABLE, "int8")
+    with pytest.raises(ValueError, match="unknown dtype 'int8'"):
+        resolve_dtype(None, "cpu")
