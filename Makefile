@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml setup.py $(wildcard envs/*/hosting.toml) | system-deps
 
 # The main job on the embedded default: local textworld server + SmolLM2-135M, behaviour
 # cloning then BAPO under the ScalingInter-RL schedule; the agent picks among the env's
-# valid commands (constrained decoding). About 9 minutes on 2 CPU cores; into a pipe or a
+# valid commands (constrained decoding). About 11 minutes on 2 CPU cores; into a pipe or a
 # file it prints a progress line per step.
 demo: setup
 	$(BIN)/agentgym train --algo bapo --schedule scaling-inter
