@@ -485,7 +485,7 @@ def print_table(report: dict[str, Any]) -> None:
     for row in report["generation"]:
         print(
             f"{row['shape']:14} {row['replies']:>7} {row.get('batcher_graphs_tokens_s', ''):>13} "
-            f"{row['batcher_eager_tokens_s']:>12} {row['generate_static_tokens_s']:>16}"
+            f"{row.get('batcher_eager_tokens_s', ''):>12} {row['generate_static_tokens_s']:>16}"
         )
     for match in report["match"]:
         print(
