@@ -24,6 +24,7 @@ import torch
 from agentgym.policies.base import SamplingParams
 from agentgym.policies.batching import ContinuousBatcher
 from agentgym.policies.hf import HFPolicy
+from agentgym.policies.live_batch import left_padded
 
 
 def prompts(policy: HFPolicy, replies: int) -> list[list[int]]:
@@ -71,9 +72,8 @@ def batcher_rate(
 def generate_rate(policy: HFPolicy, ids: list[list[int]], new_tokens: int, repeats: int) -> float:
     """Tokens/s of plain ``model.generate`` over the left-padded prompts with a static cache."""
     pad = policy.tokenizer.pad_token_id if policy.tokenizer.pad_token_id is not None else 0
-    width = max(len(prompt) for prompt in ids)
-    batch = torch.tensor([[pad] * (width - len(p)) + p for p in ids], device=policy.device)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ids], device=policy.device)
+    batch, mask = (tensor.to(policy.device) for tensor in left_padded(ids, pad))
+    width = batch.shape[1]
 
     def round_() -> int:
         with torch.inference_mode():

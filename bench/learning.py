@@ -153,10 +153,11 @@ def main() -> None:
         words = text.split()
         if len(words) < 2 or words[1] not in ARMS:
             parser.error(f"variant {text!r}: give NAME ARM KEY=VALUE ..., ARM from: {', '.join(ARMS)}")
-        name, arm, *settings = words
-        known[name] = {**ARMS[arm], **parse_settings(settings)}
+        name, arm, *pairs = words
+        settings = parse_settings(pairs)
+        known[name] = {**ARMS[arm], **settings}
         if text in args.whole_run_variants:
-            own_starts[name] = parse_settings(settings)
+            own_starts[name] = settings
     names = args.arms.split(",") if args.arms else DEFAULT_ARMS.get(args.env, list(ARMS))
     unknown = [arm for arm in [*names, args.reference] if arm not in known]
     if unknown:

@@ -335,7 +335,7 @@ class ContinuousBatcher:
             return
         if isinstance(live.cache, SlotCache):
             self.prefixes.put(ids, live.cache.row(index, len(ids)), self.version)
-        elif slottable(live.cache) and live.mask is not None:
+        elif slottable(live.cache):  # a prefill's own cache: the mask says which columns are real
             columns = live.mask[index].nonzero().flatten()
             layers = [
                 (layer.keys[index : index + 1, :, columns], layer.values[index : index + 1, :, columns])
