@@ -50,7 +50,7 @@ test: setup
 	$(BIN)/ruff format --check .
 	# Two workers, a test file each at a time: servers starting and sessions idling on one
 	# overlap with the model work on the other (module fixtures stay in their file). Files go
-	# in collection order, the longest first (tests/conftest.py), not by their test counts.
+	# in collection order, the longest first (conftest.py), not by their test counts.
 	# One torch thread per worker (and per process a test starts): two workers of two threads
 	# each on two cores ran two concurrent learning runs 21% slower (81 s against 64 s).
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -ra --durations=10 -n 2 --dist loadfile --no-loadscope-reorder

@@ -11,12 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import run_metrics, short_rl_config
 
 from agentgym.agents.tokens import sampled_versions
 from agentgym.trainers.loop import Trainer
 from agentgym.trainers.plot import plot_run
 from agentgym.trajectory import Trajectory, read_jsonl, read_trajectories
+from conftest import run_metrics, short_rl_config
 
 
 def rollouts(run: Path, step: int) -> list[Trajectory]:

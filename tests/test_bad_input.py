@@ -17,10 +17,10 @@ from typing import BinaryIO
 
 import httpx
 import pytest
-from conftest import engine_errors, send_raw
 
 from agentgym.servers.app import ServerConfig
 from agentgym.servers.launcher import ServerProcess, serve_in_thread, start_server_process, wait_healthy
+from conftest import engine_errors, send_raw
 
 HANG_TIMEOUT_S = 30.0
 """Generous: a step takes milliseconds, so a reply this late means the engine hangs."""

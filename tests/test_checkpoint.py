@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_RUN
 from typer.testing import CliRunner, Result
 
 from agentgym.cli import app
 from agentgym.play_profile import PLAY_FILE, PlayProfile, write_play
 from agentgym.run_folder import MetricsLog, RunDir, rng_state
 from agentgym.trainers.config import TrainConfig
+from conftest import TINY_RUN
 
 
 def _trained() -> tuple[torch.nn.Linear, torch.optim.AdamW]:

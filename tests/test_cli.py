@@ -9,12 +9,12 @@ import sys
 
 import httpx
 import psutil
-from conftest import read_until, stop_with_ctrl_c
 from typer.testing import CliRunner
 
 from agentgym import hosting
 from agentgym.cli import app
 from agentgym.servers.launcher import ENV_PORT_OFFSETS, free_port, start_server_process, wait_healthy
+from conftest import read_until, stop_with_ctrl_c
 
 runner = CliRunner()
 

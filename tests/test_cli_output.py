@@ -15,11 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import REPO
 from typer.testing import CliRunner
 
 from agentgym.cli import app
 from agentgym.trajectory import read_jsonl, read_trajectories
+from conftest import REPO
 
 runner = CliRunner()
 

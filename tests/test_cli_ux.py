@@ -27,7 +27,6 @@ import httpx
 import psutil
 import pytest
 import yaml
-from conftest import read_until, stop_with_ctrl_c
 from rich.console import Console
 from rich.progress import Progress
 from typer.testing import CliRunner
@@ -42,6 +41,7 @@ from agentgym.servers.launcher import free_port, serve_in_thread
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.config_files import ENV_LAYER, ENVS_DIR
 from agentgym.trainers.presets import PRESETS
+from conftest import read_until, stop_with_ctrl_c
 
 runner = CliRunner()
 CHOICE_OFFSET = 5

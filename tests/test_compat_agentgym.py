@@ -27,8 +27,8 @@ from agentgym.servers.app import ServerConfig
 from agentgym.servers.gateway import GatewayConfig, create_gateway_app
 from agentgym.servers.launcher import serve_in_thread
 
-WEBSHOP = {"n_products": 1500, "n_train": 40, "n_test": 60}  # tests/test_webshop.py's: one index
-SEARCH: dict[str, Any] = {}  # the default configuration, as in tests/test_search_env.py
+WEBSHOP = {"n_products": 1500, "n_train": 40, "n_test": 60}  # envs/webshop/tests/test_webshop.py's: one index
+SEARCH: dict[str, Any] = {}  # the default configuration, as in envs/search/tests/test_search_env.py
 SCIWORLD = {"heap_mb": 256, "max_jvms": 4, "spare_jvms": 0, "max_idle_jvms": 1}
 
 

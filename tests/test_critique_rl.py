@@ -8,7 +8,6 @@ import random
 from pathlib import Path
 
 import torch
-from conftest import run_metrics
 from typer.testing import CliRunner
 
 from agentgym.cli import app
@@ -23,6 +22,7 @@ from agentgym.rollout import EpisodeSpec, RolloutConfig
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.critique_rl.regime import synthetic_critique
 from agentgym.trainers.loop import Trainer
+from conftest import run_metrics
 
 
 def test_synthetic_critiques_judge_the_gold_and_a_perturbed_solution() -> None:

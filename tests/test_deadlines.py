@@ -16,13 +16,13 @@ from typing import Any, ClassVar
 
 import httpx
 import pytest
-from conftest import engine_errors
 
 from agentgym import registry
 from agentgym.core import Transition
 from agentgym.envs.choice import ChoiceEnv
 from agentgym.servers.app import ServerConfig, create_app
 from agentgym.servers.launcher import serve_in_thread
+from conftest import engine_errors
 
 RELEASE = threading.Event()
 

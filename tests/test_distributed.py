@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_metrics
 
 from agentgym.servers.launcher import free_port
+from conftest import run_metrics
 
 BC_STEPS = 2
 SETTINGS = {

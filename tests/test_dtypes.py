@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import run_cli
 from test_trainer_recipes import train
 
 from agentgym.policies import dtypes
@@ -21,6 +20,7 @@ from agentgym.trainers.batch import collate
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.distributed import DataParallel
 from agentgym.trainers.learner import Learner
+from conftest import run_cli
 
 
 def test_an_explicit_dtype_wins_then_the_trained_one_then_the_devices() -> None:

@@ -20,12 +20,12 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-from conftest import engine_errors
 from worker_envs import FaultyWorkerEnv
 
 from agentgym import registry
 from agentgym.servers.app import ServerConfig, create_app
 from agentgym.servers.launcher import serve_in_thread
+from conftest import engine_errors
 
 
 @pytest.fixture(scope="module", autouse=True)

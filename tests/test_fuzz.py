@@ -21,11 +21,11 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from conftest import engine_errors, send_raw
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentgym.servers.launcher import ServerProcess, start_gateway_process, start_server_process, wait_healthy
+from conftest import engine_errors, send_raw
 
 EXAMPLES = 25
 """Examples per route and server: enough to hit every kind of bad value a few times."""

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import httpx
 import psutil
 import pytest
-from conftest import gateway_over, read_until, send_raw, start_up, stop_with_ctrl_c
 from typer.testing import CliRunner
 
 from agentgym.checker import run_checks
@@ -31,6 +30,7 @@ from agentgym.servers.launcher import (
     start_server_process,
     wait_healthy,
 )
+from conftest import gateway_over, read_until, send_raw, start_up, stop_with_ctrl_c
 
 HTTP = httpx.Client(timeout=30.0)
 """One pooled client for direct requests: ``httpx.get`` builds a client (and a TLS context) per call."""

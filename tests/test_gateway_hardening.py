@@ -13,7 +13,6 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from conftest import gateway_over
 from fastapi import FastAPI
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as websocket_connect
@@ -27,6 +26,7 @@ from agentgym.servers.launcher import (
     start_server_process,
     wait_healthy,
 )
+from conftest import gateway_over
 
 HTTP = httpx.Client(timeout=30.0)
 

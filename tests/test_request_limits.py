@@ -21,13 +21,13 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from conftest import engine_errors
 from websockets.sync.client import connect as websocket_connect
 from worker_envs import FaultyWorkerEnv
 
 from agentgym import registry
 from agentgym.servers.app import ServerConfig
 from agentgym.servers.launcher import serve_in_thread
+from conftest import engine_errors
 
 TIMEOUT_S = 0.5
 """The shortened request timeout (30 s by default)."""

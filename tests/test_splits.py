@@ -16,7 +16,6 @@ import httpx
 import pytest
 import torch
 import yaml
-from conftest import all_records
 from typer.testing import CliRunner
 
 from agentgym import registry
@@ -28,6 +27,7 @@ from agentgym.servers.launcher import serve_in_thread
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.config_files import ENV_LAYER, ENVS_DIR, env_layer
 from agentgym.trajectory import read_trajectories
+from conftest import all_records
 
 BEFORE = json.loads((Path(__file__).parent / "data" / "splits_before.json").read_text())
 SPLITS = ("train", "validation", "test")

@@ -18,8 +18,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli as cli
-from conftest import run_metrics
 from test_trainer_recipes import train
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -27,6 +25,8 @@ from agentgym.api import evaluate
 from agentgym.policies.hf import HFPolicy
 from agentgym.servers.launcher import free_port
 from agentgym.trajectory import read_jsonl
+from conftest import run_cli as cli
+from conftest import run_metrics
 
 RUN_SETTINGS = {  # on top of test_trainer_recipes.TINY
     "bc_steps": 2,  # cloning moves the adapters whatever the (random) model earns

@@ -19,11 +19,11 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from conftest import REPO, run_cli, run_metrics, served_model, untrained_evaluation
 
 from agentgym.trainers.algorithms import SEARCH_OUTCOMES
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.loop import Trainer
+from conftest import REPO, run_cli, run_metrics, served_model, untrained_evaluation
 
 LEARNING_STEPS = 6
 """Both reach 1.0 held-out by step 6 on seeds 0-2 (bench/RESULTS.md, 'one-turn learning tests')."""

@@ -6,11 +6,11 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_llama
 
 from agentgym.run_folder import MetricsLog, RunDir
 from agentgym.trainers.batch import collate, sequence_logprobs
 from agentgym.trainers.config import TrainConfig
+from conftest import tiny_llama
 
 
 def test_config_overrides_validation_and_round_trip(tmp_path) -> None:

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import run_metrics
 from typer.testing import CliRunner
 
 from agentgym.cli import app
@@ -24,6 +23,7 @@ from agentgym.trainers.distributed import DataParallel
 from agentgym.trainers.learner import Learner
 from agentgym.trainers.presets import PRESETS
 from agentgym.trainers.update import carrying_gradient
+from conftest import run_metrics
 
 TINY = {
     "bc_steps": 0,

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import all_records, run_cli
 from test_trainer import LEARNING_STEPS, choice_config
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -33,6 +32,7 @@ from agentgym.trainers.trl_engine.build import check_for_trl, grpo_args, trl_tra
 from agentgym.trainers.trl_engine.episodes import EnvEpisodes
 from agentgym.trainers.trl_engine.grpo import AgentGymGRPOTrainer
 from agentgym.trainers.update import clipped_update
+from conftest import REPO, all_records, run_cli
 
 
 def tasks(url: str, split: str) -> list[str]:
@@ -237,9 +237,9 @@ def test_two_processes_under_accelerate_give_the_losses_of_one(
     data-parallel test)."""
     job = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            str(Path(__file__).parent / "trl_ranks_job.py"), textworld_url, str(tiny_model_dir), str(tmp_path)]  # fmt: skip
-    done = subprocess.run(
-        job, capture_output=True, text=True, timeout=300, env=os.environ | {"OMP_NUM_THREADS": "1"}
-    )
+    # The job imports test_trl, which imports the repository's conftest.py.
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    done = subprocess.run(job, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     ranks = [torch.load(tmp_path / f"rank-{r}.pt", weights_only=False) for r in range(2)]
     assert len(ranks[0]) == len(ranks[1]) == 4  # one round, two passes, two optimizer steps each

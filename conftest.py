@@ -1,4 +1,5 @@
-"""Shared fixtures: a per-run cache folder and live env servers on loopback."""
+"""Shared fixtures for every test (tests/ and each env's envs/NAME/tests): a per-run cache
+folder and live env servers on loopback."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import httpx
 import psutil
@@ -80,7 +81,7 @@ def choice_url(agentgym_cache: str) -> Iterator[str]:
         yield url
 
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parent
 
 
 def run_cli(*args: str) -> tuple[int, str]:
@@ -94,9 +95,18 @@ def run_cli(*args: str) -> tuple[int, str]:
     return result.exit_code, " ".join(result.output.split())
 
 
+class ModelServer(NamedTuple):
+    process: subprocess.Popen
+    base_url: str
+    """Its /v1 base URL."""
+    startup: str
+    """What it printed until Uvicorn was running."""
+
+
 @contextlib.contextmanager
-def served_model(model: Path | str) -> Iterator[str]:
-    """`agentgym serve-model --model MODEL` as a user starts it; yields its /v1 base URL."""
+def model_server(model: Path | str, *options: str) -> Iterator[ModelServer]:
+    """`agentgym serve-model --model MODEL OPTIONS` as a user starts it, on a free port;
+    terminated (if still running) on exit."""
     from agentgym.servers.launcher import free_port
 
     port = free_port()
@@ -110,14 +120,24 @@ def served_model(model: Path | str) -> Iterator[str]:
         "--port",
         str(port),
     ]
-    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server = subprocess.Popen(
+        [*command, *options], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         output = read_until(server, "Uvicorn running", timeout=120)
         assert "Uvicorn running" in output, output
-        yield f"http://127.0.0.1:{port}/v1"
+        yield ModelServer(server, f"http://127.0.0.1:{port}/v1", output)
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        if server.poll() is None:
+            server.terminate()
+            server.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def served_model(model: Path | str) -> Iterator[str]:
+    """`agentgym serve-model --model MODEL` as a user starts it; yields its /v1 base URL."""
+    with model_server(model) as server:
+        yield server.base_url
 
 
 def send_raw(
