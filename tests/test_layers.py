@@ -37,6 +37,9 @@ CONTRACT = {
 TOP = ("agentgym.trainers", "agentgym.api", "agentgym.cli")
 """Imported only from above: the trainer by the Python API and the CLI, the Python API (the
 CLI's twin, which reads a trainer's run config) by the CLI, the CLI by nothing."""
+LOOP = "agentgym.trainers.loop"
+"""The trainer's loop: a regime (``trainers/regimes.py``, ``trainers/*/regime.py``) gets a
+``TrainingContext`` of the run, never the trainer, so it never imports the loop."""
 KNOWN_DEBTS: set[str] = set()
 
 
@@ -119,6 +122,8 @@ def _breaks(module: str, target: str) -> Iterator[str]:
         yield f"the env contract's {module} imports {target}, outside the contract"
     if _env_of(module) and not _env_of(target) and target not in CONTRACT and target != "agentgym.envs":
         yield f"{_env_of(module)} imports {target}, above the env contract"
+    if target == LOOP and (module == "agentgym.trainers.regimes" or module.endswith(".regime")):
+        yield f"the regime {module} imports the loop: a regime gets a TrainingContext"
     for top in TOP:
         if _within(target, top) and not any(_within(module, t) for t in TOP[TOP.index(top) :]):
             yield f"{module} imports {target}, a floor above it"
@@ -188,6 +193,7 @@ def test_the_floors_hold_and_no_module_imports_itself_back() -> None:
             "imports the env agentgym.envs.textworld",
         ),
         ("trainers/leak.py", "from agentgym.cli import app\n", "a floor above it"),
+        ("trainers/agentevol/regime.py", "from agentgym.trainers.loop import Trainer\n", "a regime gets a"),
         ("agentgym/problems.py", "def f():\n    from agentgym import registry\n", "outside the contract"),
         ("agentgym/wire.py", "from agentgym import leak\n", "cycle: agentgym.leak -> agentgym.wire"),
     ],

@@ -18,7 +18,7 @@ import logging
 import pkgutil
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +36,9 @@ from agentgym.progress import make_console
 from agentgym.progress import progress as progress_display
 from agentgym.run_folder import MetricsLog, RunDir
 from agentgym.trainers import heldout, manifest
-from agentgym.trainers.batch import TokenBatch
 from agentgym.trainers.collector import Collector, RewardHook, held_out_play
 from agentgym.trainers.config import TrainConfig
+from agentgym.trainers.context import TrainingContext
 from agentgym.trainers.distributed import DataParallel
 from agentgym.trainers.generators import start_generator
 from agentgym.trainers.guards import CollapseGuard
@@ -46,7 +46,6 @@ from agentgym.trainers.learner import Learner
 from agentgym.trainers.regimes import behaviour_cloning
 from agentgym.trainers.reporting import open_sinks
 from agentgym.trainers.schedules import schedule_of
-from agentgym.trainers.services import ExpertDemonstrations, GreedyPlay
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +87,11 @@ class Trainer:
         self.test_tasks: list[str] = []
         """The before/after report's panel, played at those two points only."""
         self.collector: Collector | None = None
+        self.context: TrainingContext | None = None
+        """What the regime gets of the run (``context.py``), once it is set up."""
         self.regime: Any = None
         self.metrics: MetricsLog | None = None
         self.guard = CollapseGuard(config.entropy_floor, config.invalid_rise)
-        self.version = 0
-        """The policy version: training steps done. Tokens sampled from here on record it."""
 
     # ----- the whole algorithm -------------------------------------------------------
 
@@ -134,7 +133,7 @@ class Trainer:
             for step in range(start, self.total_steps + 1):
                 started, cpu = time.perf_counter(), psutil.cpu_times()
                 if step <= self.config.bc_steps:
-                    record = behaviour_cloning(self, step, self.regime.demonstrations())
+                    record = behaviour_cloning(self.context, step, self.regime.demonstrations())
                 else:
                     if step == self.config.bc_steps + 1 and self.config.rl_optimizer == "fresh":
                         self.learner.optimizer.state.clear()  # RL's updates owe nothing to cloning's
@@ -234,31 +233,14 @@ class Trainer:
         except Exception as exc:
             log.warning("manifest.json not written: %s", exc)
 
-    # ----- what regimes use ------------------------------------------------------------
-
-    def horizon(self, step: int) -> int:
-        """Max turns at ``step``: the schedule's, counted from the first RL step."""
-        return self.schedule.horizon_at(max(1, step - self.config.bc_steps))
-
-    def minibatch(self, batch: TokenBatch) -> TokenBatch:
-        """``batch`` as one optimizer step's minibatch: its token weights fixed on all of it."""
-        return batch.weighted(self.config.loss_aggregation, self.config.norm_tokens)
-
     def complete(self, coroutine: Any) -> Any:
-        """Run ``coroutine`` to its end on the trainer's event loop."""
+        """Run ``coroutine`` to its end on the run's event loop."""
         return self.runner.run(coroutine)
-
-    def in_background(self, work: Callable[..., Any], *args: Any) -> Any:
-        """Run ``work`` here in sync mode; in async mode in a worker thread, so the event
-        loop goes on playing the episodes of the next step meanwhile."""
-        if self.collector.pending is None:
-            return work(*args)
-        return self.complete(asyncio.to_thread(work, *args))
 
     # ----- set-up and resume -----------------------------------------------------------
 
     def _set_version(self, version: int) -> None:
-        self.version = version
+        """The policy version is the training steps done; tokens sampled from here on record it."""
         self.learner.policy.weights_version = version
 
     def _set_up(self) -> None:
@@ -285,8 +267,23 @@ class Trainer:
             self.run_dir.path,
             self.reward,
         )
-        self.demos, self.greedy = ExpertDemonstrations(self), GreedyPlay(self)
-        self.regime = self.regime_class(self)
+        self.context = TrainingContext(
+            config,
+            self.learner,
+            self.collector,
+            self.dp,
+            self.run_dir,
+            self.url,
+            self.tokenizer,
+            self.pad_id,
+            self.train_tasks,
+            self.validation_tasks,
+            self.test_tasks,
+            self.total_steps,
+            self.schedule,
+            self.runner,
+        )
+        self.regime = self.regime_class(self.context)
 
     def _list_tasks(self) -> None:
         """The env's train, validation and test task ids; :class:`SetupError` when it has no

@@ -6,9 +6,9 @@
 * AgentEvol (``agentevol/``) and Critique-RL (``critique_rl/``) live in their own folders,
   each with its config section; the clipped update they share is in ``update.py``.
 
-A regime gets the trainer as a :class:`~agentgym.trainers.context.TrainingContext`
-(config, learner, collector, run folder, and the services every regime uses:
-demonstrations and greedy play, ``services.py``) and returns the step's metrics record.
+A regime gets a :class:`~agentgym.trainers.context.TrainingContext`, not the trainer:
+the run's config, learner, collector, run folder and tasks, and the services every regime
+uses (demonstrations and greedy play, ``services.py``); it returns the step's metrics record.
 """
 
 from __future__ import annotations
@@ -34,16 +34,16 @@ def nll(learner: Learner) -> PerTokenLoss:
     return lambda micro: weighted_nll(learner.logprobs(micro, temperature=1.0)[0], micro.advantages)
 
 
-def behaviour_cloning(trainer: TrainingContext, step: int, demos: list[dict[str, Any]]) -> dict[str, Any]:
+def behaviour_cloning(run: TrainingContext, step: int, demos: list[dict[str, Any]]) -> dict[str, Any]:
     """One optimizer step of likelihood on a minibatch of ``demos`` (token records: what the
     regime clones, ``regime.demonstrations()``)."""
-    chosen = random.Random(trainer.config.seed * 7919 + step).sample(
-        demos, min(trainer.config.bc_batch_size, len(demos))
+    chosen = random.Random(run.config.seed * 7919 + step).sample(
+        demos, min(run.config.bc_batch_size, len(demos))
     )
     start = time.perf_counter()
-    batch = trainer.minibatch(collate(chosen, [1.0] * len(chosen), trainer.pad_id))
-    loss = trainer.learner.optimize(batch, nll(trainer.learner))
-    figures = {"loss": loss, "grad_norm": trainer.learner.grad_norm, "episodes": len(chosen)}
+    batch = run.minibatch(collate(chosen, [1.0] * len(chosen), run.pad_id))
+    loss = run.learner.optimize(batch, nll(run.learner))
+    figures = {"loss": loss, "grad_norm": run.learner.grad_norm, "episodes": len(chosen)}
     return {"step": step, "phase": "bc", **figures, "update_s": seconds_since(start)}
 
 
@@ -53,8 +53,8 @@ def behaviour_cloning(trainer: TrainingContext, step: int, demos: list[dict[str,
 class ClippedRL:
     """Collect groups of episodes, turn their rewards into advantages, update the policy."""
 
-    def __init__(self, trainer: TrainingContext) -> None:
-        self.trainer = trainer
+    def __init__(self, run: TrainingContext) -> None:
+        self.run = run
 
     @staticmethod
     def rl_steps(config: Any) -> int:
@@ -68,39 +68,39 @@ class ClippedRL:
     def step(self, step: int) -> dict[str, Any]:
         """Take this step's episodes (sync: play them now; async: those played during the
         last update), start playing the next step's (async), then update."""
-        trainer, config = self.trainer, self.trainer.config
-        trainer.learner.set_learning_rate(config.rl_learning_rate or config.learning_rate)
+        run, config = self.run, self.run.config
+        run.learner.set_learning_rate(config.rl_learning_rate or config.learning_rate)
         if config.kl_coef:
-            trainer.learner.take_reference(trainer.run_dir.path / "reference.pt")
-        if config.curriculum != "all" and config.bc_steps and trainer.collector.expert_turns is None:
-            trainer.collector.expert_turns = trainer.demos.turns()
-        if config.curriculum == "unsolved" and trainer.collector.solved is None:
-            trainer.collector.solved = trainer.greedy.solved_at_start(step)
-        start, horizon = time.perf_counter(), trainer.horizon(step)
-        episodes, samples, figures = trainer.collector.collect(step, trainer.version, horizon)
+            run.learner.take_reference(run.run_dir.path / "reference.pt")
+        if config.curriculum != "all" and config.bc_steps and run.collector.expert_turns is None:
+            run.collector.expert_turns = run.demos.turns()
+        if config.curriculum == "unsolved" and run.collector.solved is None:
+            run.collector.solved = run.greedy.solved_at_start(step)
+        start, horizon = time.perf_counter(), run.horizon(step)
+        episodes, samples, figures = run.collector.collect(step, run.version, horizon)
         record = {"step": step, "phase": "rl", "mode": config.mode, "max_turns": horizon}
         record |= rollout_stats(episodes) | figures | {"wait_s": seconds_since(start)}
-        if config.mode == "async" and step < trainer.total_steps:
-            trainer.collector.launch(step + 1, trainer.horizon(step + 1))
+        if config.mode == "async" and step < run.total_steps:
+            run.collector.launch(step + 1, run.horizon(step + 1))
         start = time.perf_counter()
         if samples:
             batch = collate(
-                [token_record(s.trajectory) for s in samples], [s.advantage for s in samples], trainer.pad_id
+                [token_record(s.trajectory) for s in samples], [s.advantage for s in samples], run.pad_id
             )
             # Async: the update runs in a thread while the event loop plays the next step's episodes.
-            sampled_now = all(sampled_by(s.trajectory, trainer.version) for s in samples)
-            record |= trainer.in_background(update_policy, trainer, batch, config.kl_coef, sampled_now)
+            sampled_now = all(sampled_by(s.trajectory, run.version) for s in samples)
+            record |= run.in_background(update_policy, run, batch, config.kl_coef, sampled_now)
         else:
             record |= {"updates": [], "skipped": "no episode to train on this step"}
         return record | {"update_s": seconds_since(start)}
 
     def demonstrations(self) -> list[dict[str, Any]]:
         """What behaviour cloning clones: the expert's episodes (``ExpertDemonstrations``)."""
-        return self.trainer.demos.records()
+        return self.run.demos.records()
 
     def evaluate(self, step: int, split: str = "test") -> dict[str, Any]:
         """Greedy episodes on held-out tasks (``GreedyPlay.evaluate``)."""
-        return self.trainer.greedy.evaluate(step, split)
+        return self.run.greedy.evaluate(step, split)
 
 
 # ----- figures ---------------------------------------------------------------------------------

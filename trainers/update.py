@@ -2,7 +2,7 @@
 :class:`~agentgym.trainers.regimes.ClippedRL`, Critique-RL): minibatches in a seeded order,
 one optimizer step of the clipped surrogate each, under the configured clip rule, and the
 figures of what the bounds did. It reads only a narrow :class:`UpdateContext` of the
-trainer, so a benchmark or a test drives it without a running trainer.
+run, so a benchmark or a test drives it without a running trainer.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from agentgym.trainers.learner import Learner
 
 
 class UpdateContext(Protocol):
-    """What an update reads of the trainer."""
+    """What an update reads of the run."""
 
     config: Any
     learner: Learner
@@ -41,19 +41,19 @@ class UpdateContext(Protocol):
 
 
 def update_policy(
-    trainer: UpdateContext, batch: TokenBatch, kl_coef: float, sampled_now: bool = False
+    run: UpdateContext, batch: TokenBatch, kl_coef: float, sampled_now: bool = False
 ) -> dict[str, Any]:
     """``ppo_epochs`` passes over ``batch``, one clipped-surrogate optimizer step per minibatch.
     ``sampled_now``: the current weights sampled all of ``batch`` (until the first step)."""
-    config = trainer.config
+    config = run.config
     updates, tokens, skipped = [], 0, 0
-    for index in minibatch_order(len(batch), config, trainer.version):
-        minibatch = trainer.minibatch(batch.select(index))
+    for index in minibatch_order(len(batch), config, run.version):
+        minibatch = run.minibatch(batch.select(index))
         if not kl_coef and not config.entropy_coef:
             minibatch, dropped = carrying_gradient(minibatch)
             skipped += dropped
         tokens += int(minibatch.attention_mask.sum())
-        update = clipped_update(trainer, minibatch, kl_coef, on_policy=sampled_now and not updates)
+        update = clipped_update(run, minibatch, kl_coef, on_policy=sampled_now and not updates)
         update["advantage_rows"] = int(carries_advantage(minibatch).sum())
         if not update["advantage_rows"]:
             # Only carrying_gradient's stand-in row ran: its entropy says nothing of the policy
@@ -117,12 +117,12 @@ def carries_advantage(batch: TokenBatch) -> torch.Tensor:
 
 
 def clipped_update(
-    trainer: UpdateContext, minibatch: TokenBatch, kl_coef: float, on_policy: bool = False
+    run: UpdateContext, minibatch: TokenBatch, kl_coef: float, on_policy: bool = False
 ) -> dict[str, float]:
     """One optimizer step of ``-min(r·A, clip(r)·A) - entropy_coef·H + kl_coef·KL -
     forced_end_coef·log π_free(forced end)`` with the bounds of the configured clip rule;
     figures summed over every micro-batch and rank."""
-    config, learner = trainer.config, trainer.learner
+    config, learner = run.config, run.learner
     bounds = CLIP_RULES[config.clip_rule](config, lambda: learner.prepass(minibatch, on_policy))
     # Σw·H, P, N, held low, held high, tokens, ΣKL behaviour→current, Σw, ΣKL to the reference, forced
     sums = torch.zeros(10, device=learner.device)
@@ -165,7 +165,7 @@ def clipped_update(
         weight,
         kl_ref_sum,
         forced,
-    ) = trainer.dp.sum(sums).tolist()
+    ) = run.dp.sum(sums).tolist()
     entropy = weighted_entropy / weight if weight else 0.0
     return {
         **bound_figures(bounds, positive, negative),
@@ -175,7 +175,7 @@ def clipped_update(
         **({"kl_ref": kl_ref_sum / max(tokens, 1)} if kl_coef else {}),
         "entropy": entropy,
         "forced_token_share": forced / max(tokens, 1),
-        **_ratio_figures(trainer.dp.gather(ratios)),
+        **_ratio_figures(run.dp.gather(ratios)),
         "loss": loss,
         "grad_norm": learner.grad_norm,
     }

@@ -24,15 +24,15 @@ class AgentEvol(ClippedRL):
         return config.agentevol.iterations
 
     def step(self, step: int) -> dict[str, Any]:
-        trainer, config = self.trainer, self.trainer.config
+        run, config = self.run, self.run.config
         start = time.perf_counter()
-        explored, _, _ = trainer.collector.collect(step, trainer.version, config.max_turns)
+        explored, _, _ = run.collector.collect(step, run.version, config.max_turns)
         explored = [e for e in explored if not e.errored and e.token_ids]
         record = {"step": step, "phase": "rl", "max_turns": config.max_turns, **rollout_stats(explored)}
         record["rollout_s"] = seconds_since(start)
-        trainer.learner.reset_to_initial()
+        run.learner.reset_to_initial()
         rewards = torch.tensor([e.score for e in explored])
-        expert = trainer.demos.cloneable()
+        expert = run.demos.cloneable()
         weights = [1.0] * len(expert) + agentevol_weights(rewards, config.agentevol.reward_threshold).tolist()
         # Zero-weight episodes teach nothing and would only dilute the token mean.
         data = [(e, w) for e, w in zip([*expert, *explored], weights, strict=True) if w > 0]
@@ -40,8 +40,8 @@ class AgentEvol(ClippedRL):
         losses = []
         for _ in range(max(1, config.bc_steps)):
             chosen = rng.sample(data, min(config.minibatch_size, len(data)))
-            batch = collate([token_record(e) for e, _ in chosen], [w for _, w in chosen], trainer.pad_id)
-            losses.append(trainer.learner.optimize(trainer.minibatch(batch), nll(trainer.learner)))
+            batch = collate([token_record(e) for e, _ in chosen], [w for _, w in chosen], run.pad_id)
+            losses.append(run.learner.optimize(run.minibatch(batch), nll(run.learner)))
         return record | {
             "loss": average(losses),
             "learn_episodes": len(data),

@@ -135,16 +135,16 @@ class CritiqueRL:
     the critic, with a k3 KL to the policy at the start of the stage (Stage I: ``kl_coef``,
     0.01, to the warm-started critic; Stage II: ``stage2_kl_coef`` to the Stage-I critic)."""
 
-    def __init__(self, trainer: TrainingContext) -> None:
-        self.trainer = trainer
-        config = trainer.config
+    def __init__(self, run: TrainingContext) -> None:
+        self.run = run
+        config = run.config
         # The problems behind the server's task ids (same env settings, same problems).
         catalog = registry.make(config.env, **config.env_settings)
         self.key = answer_key(config.env)
-        self.train_problems = [catalog.problem(t) for t in trainer.train_tasks]
-        self.test_problems = [catalog.problem(t) for t in trainer.test_tasks]
-        self.validation_problems = [catalog.problem(t) for t in trainer.validation_tasks]
-        self.actor = BaseModelActor(trainer.learner.policy, trainer.learner.model)
+        self.train_problems = [catalog.problem(t) for t in run.train_tasks]
+        self.test_problems = [catalog.problem(t) for t in run.test_tasks]
+        self.validation_problems = [catalog.problem(t) for t in run.validation_tasks]
+        self.actor = BaseModelActor(run.learner.policy, run.learner.model)
         self.demos: list[dict[str, Any]] | None = None
 
     @staticmethod
@@ -157,20 +157,20 @@ class CritiqueRL:
         return f"{record['phase']}  acc@dis {record['acc_dis']:.2f}"
 
     def step(self, step: int) -> dict[str, Any]:
-        trainer, config = self.trainer, self.trainer.config
+        run, config = self.run, self.run.config
         settings = config.critique_rl
         stage = stage_of(step - config.bc_steps, settings.stage1_steps)
         reference, kl_coef = REFERENCES[stage], config.kl_coef if stage == 1 else settings.stage2_kl_coef
         if kl_coef:
-            trainer.learner.take_reference(trainer.run_dir.path / reference)
+            run.learner.take_reference(run.run_dir.path / reference)
         rng = random.Random(config.seed * 1_000_003 + step)  # same problems after a resume
         problems = rng.sample(self.train_problems, min(config.tasks_per_step, len(self.train_problems)))
         start = time.perf_counter()
-        records = trainer.dp.gather(trainer.complete(self._round(trainer.dp.shard(problems), greedy=False)))
+        records = run.dp.gather(run.complete(self._round(run.dp.shard(problems), greedy=False)))
         rewards = stage_rewards(records, stage, settings.stage2_beta)
         groups = rloo_groups(len(records), settings.critiques_per_answer)
         advantages = ADVANTAGE_ESTIMATORS[config.advantage]([_Scored(float(r)) for r in rewards], groups)
-        samples = [r.critic_sample(trainer.learner.policy.prompt_ids(r.critic_prompt)) for r in records]
+        samples = [r.critic_sample(run.learner.policy.prompt_ids(r.critic_prompt)) for r in records]
         record = {
             "step": step,
             "phase": f"critique-{stage}",
@@ -180,14 +180,14 @@ class CritiqueRL:
             "rollout_s": round(time.perf_counter() - start, 2),
         }
         start = time.perf_counter()
-        record |= update_policy(trainer, collate(samples, advantages, trainer.pad_id), kl_coef)
+        record |= update_policy(run, collate(samples, advantages, run.pad_id), kl_coef)
         return record | {"update_s": round(time.perf_counter() - start, 2)}
 
     async def _round(self, problems: Sequence[Problem], greedy: bool) -> list[CritiqueRecord]:
-        config = self.trainer.config
+        config = self.run.config
         return await critique_round(
             self.actor,
-            self.trainer.learner.policy,
+            self.run.learner.policy,
             problems,
             sampling(config, greedy),
             refine_sampling=sampling(config, greedy=True),
@@ -198,10 +198,10 @@ class CritiqueRL:
     def demonstrations(self) -> list[dict[str, Any]]:
         """Synthetic critiques of ``bc_episodes`` train problems, built once per run."""
         if self.demos is None:
-            problems = self.train_problems[: self.trainer.config.bc_episodes]
-            end_id = end_of_turn_id(self.trainer.tokenizer)
+            problems = self.train_problems[: self.run.config.bc_episodes]
+            end_id = end_of_turn_id(self.run.tokenizer)
             self.demos = demonstrations(
-                problems, self.trainer.learner.policy, end_id, self.trainer.config.seed, self.key
+                problems, self.run.learner.policy, end_id, self.run.config.seed, self.key
             )
         return self.demos
 
@@ -211,14 +211,12 @@ class CritiqueRL:
         :func:`~agentgym.critique.critique_metrics` figure as ``eval_<name>`` (``val_<name>``),
         and Acc@Refine as ``eval_success_rate`` (``val_success_rate``): the actor's success
         with the critic in the loop."""
-        config = self.trainer.config
+        config = self.run.config
         if split == "validation":
             problems, prefix = self.validation_problems[: config.val_tasks], "val"
         else:
             problems, prefix = self.test_problems[: config.eval_tasks], "eval"
-        metrics = critique_metrics(
-            r.outcome for r in self.trainer.complete(self._round(problems, greedy=True))
-        )
+        metrics = critique_metrics(r.outcome for r in self.run.complete(self._round(problems, greedy=True)))
         return {f"{prefix}_{key}": value for key, value in metrics.items()} | {
             f"{prefix}_success_rate": metrics["acc_refine"]
         }
