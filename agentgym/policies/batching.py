@@ -44,7 +44,9 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from agentgym.policies.base import Generation, SamplingParams
 from agentgym.policies.live_batch import (
     LiveBatch,
+    PaddedBatch,
     Row,
+    SlottedBatch,
     allowed_tokens,
     fail,
     left_padded,
@@ -228,7 +230,7 @@ class ContinuousBatcher:
                 live = self._guarded(rows, self._slot_in, live, batch)
         return live
 
-    def _slot_in(self, live: LiveBatch | None, batch: LiveBatch) -> LiveBatch:
+    def _slot_in(self, live: SlottedBatch | None, batch: PaddedBatch) -> SlottedBatch:
         """``batch`` (a prefill's rows) copied into free slots after ``live``'s rows."""
         layers = [(layer.keys, layer.values) for layer in batch.cache.layers]
         if self.slots is None:
@@ -238,8 +240,8 @@ class ContinuousBatcher:
             self.slots.rows = 0  # the last live batch drained, or failed: every slot is free
         self.slots.admit(layers, batch.mask)
         if live is None:
-            return LiveBatch(batch.rows, self.slots, None, batch.logits)
-        return LiveBatch(live.rows + batch.rows, self.slots, None, torch.cat([live.logits, batch.logits]))
+            return SlottedBatch(batch.rows, batch.logits, self.slots)
+        return SlottedBatch(live.rows + batch.rows, torch.cat([live.logits, batch.logits]), self.slots)
 
     def _guarded(self, rows: list[Row], fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)``; on an error, fail ``rows`` (whose requests it served) and return
@@ -257,9 +259,8 @@ class ContinuousBatcher:
         ``batch_wait_s`` for company; a busy one takes only what is already waiting."""
         if live is None:
             return started(self._take_idle())
-        room = self.max_batch_size - len(live.rows) if isinstance(live.cache, SlotCache) else 0
         rows: list[Row] = []
-        while len(rows) < room:
+        while len(rows) < live.room(self.max_batch_size):
             try:
                 row = self._queue.get_nowait()
             except queue.Empty:
@@ -284,7 +285,7 @@ class ContinuousBatcher:
             rows.append(row)
         return rows
 
-    def _prefill(self, rows: list[Row]) -> LiveBatch:
+    def _prefill(self, rows: list[Row]) -> PaddedBatch:
         """Encode each distinct prompt once (a group's episodes start alike) and give
         every row its copy; the prompts are cached for reuse."""
         prompts = list(dict.fromkeys(tuple(row.prompt_ids) for row in rows))
@@ -294,7 +295,7 @@ class ContinuousBatcher:
         cache, logits = self._forward(ids, mask, positions)
         self.stats.prefills += 1
         self.stats.prompt_tokens += int(mask.sum())
-        distinct = LiveBatch([], cache, mask, logits)
+        distinct = PaddedBatch([], logits, cache, mask)
         for i, prompt in enumerate(prompts):
             self._remember(list(prompt), distinct, i)
         slot = {prompt: i for i, prompt in enumerate(prompts)}
@@ -302,7 +303,7 @@ class ContinuousBatcher:
         stamp(rows, self.version)
         return live
 
-    def _extend(self, rows: list[Row], prefixes: list[tuple[CachedPrefix, int]]) -> LiveBatch:
+    def _extend(self, rows: list[Row], prefixes: list[tuple[CachedPrefix, int]]) -> PaddedBatch:
         """Encode the tokens of each row's prompt after its cached prefix ``(entry, length)``.
 
         The cache is the prefixes left-padded to one width, the input the rest of each
@@ -327,20 +328,14 @@ class ContinuousBatcher:
         self.stats.prompt_tokens += sum(len(rest) for rest in rests)
         self.stats.reused_tokens += sum(length for _, length in prefixes)
         stamp(rows, self.version)
-        return LiveBatch(rows, cache, mask, logits)
+        return PaddedBatch(rows, logits, cache, mask)
 
     def _remember(self, ids: list[int], live: LiveBatch, index: int) -> None:
         """Cache the keys and values of ``live``'s row ``index``, which encode ``ids``."""
         if self.prefixes.capacity < 1:
             return
-        if isinstance(live.cache, SlotCache):
-            self.prefixes.put(ids, live.cache.row(index, len(ids)), self.version)
-        elif slottable(live.cache):  # a prefill's own cache: the mask says which columns are real
-            columns = live.mask[index].nonzero().flatten()
-            layers = [
-                (layer.keys[index : index + 1, :, columns], layer.values[index : index + 1, :, columns])
-                for layer in live.cache.layers
-            ]
+        layers = live.row_cache(index, len(ids))
+        if layers is not None:
             self.prefixes.put(ids, layers, self.version)
 
     def _step(self, live: LiveBatch) -> LiveBatch | None:
@@ -374,17 +369,8 @@ class ContinuousBatcher:
         if not keep:
             return None
         if len(keep) < len(rows):
-            live = self._keep(live, keep)
+            live = live.keep(keep)
         return self._decode(live, tokens[keep])
-
-    def _keep(self, live: LiveBatch, keep: list[int]) -> LiveBatch:
-        """``live`` with only its rows ``keep`` (increasing)."""
-        if not isinstance(live.cache, SlotCache):
-            return select(live, keep)
-        # Up to every token a row has (the newest may not be written yet: copying one
-        # column too many is harmless, the next step writes it before anything reads it).
-        live.cache.keep(keep, [live.rows[i].last_position + 1 for i in keep])
-        return LiveBatch([live.rows[i] for i in keep], live.cache, None, live.logits[keep])
 
     def _without_abandoned(self, live: LiveBatch) -> LiveBatch | None:
         keep = [i for i, row in enumerate(live.rows) if row.future not in self._abandoned]
@@ -393,20 +379,13 @@ class ContinuousBatcher:
                 self._abandoned.discard(row.future)
                 self.stats.abandoned += 1
                 fail(row, CancelledError("the caller gave up on this request"))
-        return self._keep(live, keep) if keep else None
+        return live.keep(keep) if keep else None
 
     def _decode(self, live: LiveBatch, tokens: torch.Tensor) -> LiveBatch:
-        positions = [row.last_position for row in live.rows]
-        if isinstance(live.cache, SlotCache):
-            cache, mask = live.cache, None
-            logits = cache.decode(self._forward, tokens, positions)
-        else:
-            mask = torch.cat([live.mask, live.mask.new_ones((len(live.rows), 1))], dim=1)
-            at = torch.tensor(positions, device=self.device)[:, None]
-            cache, logits = self._forward(tokens[:, None], mask, at, live.cache)
+        live = live.decode(self._forward, tokens)
         self.stats.decode_steps += 1
         stamp(live.rows, self.version)
-        return LiveBatch(live.rows, cache, mask, logits)
+        return live
 
     def _forward(
         self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any = None

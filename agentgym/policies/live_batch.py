@@ -1,6 +1,6 @@
 """The rows a :class:`~agentgym.policies.batching.ContinuousBatcher` generates for, and the
-batches they share: a prefill's left-padded KV cache, attention mask and next-token logits,
-with the operations that select rows and record which weights computed what.
+batches they share: on the model's own left-padded cache (a prefill's) or on static slots,
+each with the operations the batcher runs on it, and what records which weights computed what.
 """
 
 from __future__ import annotations
@@ -8,13 +8,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from agentgym.policies.base import SamplingParams
 from agentgym.policies.chat import next_choice_tokens
+
+if TYPE_CHECKING:
+    from agentgym.policies.slots import Forward, SlotCache
 
 
 @dataclass(eq=False)
@@ -50,15 +53,82 @@ class Row:
 
 @dataclass
 class LiveBatch:
+    """Rows decoding together and their next-token logits; how their keys and values are
+    held is the subclass's: :class:`PaddedBatch` or :class:`SlottedBatch`."""
+
     rows: list[Row]
-    cache: Any
-    """The KV cache: a :class:`~agentgym.policies.slots.SlotCache`, or the model's own (a
-    prefill's, or a model that cannot be slotted), where every row has the same
-    (left-padded) length."""
-    mask: torch.Tensor | None
-    """``[B, T]`` attention mask over a model's own cache: 0 on padding; None on slots."""
     logits: torch.Tensor
     """``[B, V]`` next-token logits of every row."""
+
+    def room(self, max_rows: int) -> int:
+        """How many newcomers may join before the next decode."""
+        raise NotImplementedError
+
+    def row_cache(self, index: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """Row ``index``'s keys and values (``length`` tokens), per layer, to reuse as a
+        prefix; None when they cannot be reused."""
+        raise NotImplementedError
+
+    def keep(self, keep: list[int]) -> LiveBatch:
+        """Only rows ``keep`` (increasing)."""
+        raise NotImplementedError
+
+    def decode(self, forward: Forward, tokens: torch.Tensor) -> LiveBatch:
+        """Feed each row its sampled token: the batch with the next logits."""
+        raise NotImplementedError
+
+
+@dataclass
+class PaddedBatch(LiveBatch):
+    """Rows on the model's own cache, left-padded to one length: a prefill's, or a model
+    whose cache cannot be slotted (then newcomers wait until the batch drains)."""
+
+    cache: Any = None
+    mask: torch.Tensor | None = None
+    """``[B, T]`` attention mask over the cache: 0 on padding."""
+
+    def room(self, max_rows: int) -> int:
+        return 0
+
+    def row_cache(self, index: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        if not slottable(self.cache):
+            return None
+        columns = self.mask[index].nonzero().flatten()  # the real columns, not the padding
+        return [(layer.keys[index : index + 1, :, columns], layer.values[index : index + 1, :, columns])
+                for layer in self.cache.layers]  # fmt: skip
+
+    def keep(self, keep: list[int]) -> PaddedBatch:
+        return select(self, keep)
+
+    def decode(self, forward: Forward, tokens: torch.Tensor) -> PaddedBatch:
+        mask = torch.cat([self.mask, self.mask.new_ones((len(self.rows), 1))], dim=1)
+        at = torch.tensor([row.last_position for row in self.rows], device=mask.device)[:, None]
+        cache, logits = forward(tokens[:, None], mask, at, self.cache)
+        return PaddedBatch(self.rows, logits, cache, mask)
+
+
+@dataclass
+class SlottedBatch(LiveBatch):
+    """Rows on static slots (:class:`~agentgym.policies.slots.SlotCache`): row ``i`` is
+    slot ``i``, newcomers take the free slots after them."""
+
+    slots: SlotCache | None = None
+
+    def room(self, max_rows: int) -> int:
+        return max_rows - len(self.rows)
+
+    def row_cache(self, index: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        return self.slots.row(index, length)
+
+    def keep(self, keep: list[int]) -> SlottedBatch:
+        # Up to every token a row has (the newest may not be written yet: copying one
+        # column too many is harmless, the next step writes it before anything reads it).
+        self.slots.keep(keep, [self.rows[i].last_position + 1 for i in keep])
+        return SlottedBatch([self.rows[i] for i in keep], self.logits[keep], self.slots)
+
+    def decode(self, forward: Forward, tokens: torch.Tensor) -> SlottedBatch:
+        logits = self.slots.decode(forward, tokens, [row.last_position for row in self.rows])
+        return SlottedBatch(self.rows, logits, self.slots)
 
 
 def allowed_tokens(rows: list[Row], logits: torch.Tensor) -> torch.Tensor | None:
@@ -105,7 +175,7 @@ def slottable(cache: Any) -> bool:
     return isinstance(cache, DynamicCache) and all(type(layer) is DynamicLayer for layer in cache.layers)
 
 
-def select(live: LiveBatch, keep: list[int], rows: list[Row] | None = None) -> LiveBatch:
+def select(live: PaddedBatch, keep: list[int], rows: list[Row] | None = None) -> PaddedBatch:
     """Keep rows ``keep`` (an index may repeat: the row is copied), as ``rows`` if given;
     drop cache columns that are padding in every remaining row."""
     index = torch.tensor(keep, device=live.mask.device)
@@ -118,7 +188,7 @@ def select(live: LiveBatch, keep: list[int], rows: list[Row] | None = None) -> L
             for layer in live.cache.layers:
                 layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
     kept = [live.rows[i] for i in keep] if rows is None else rows
-    return LiveBatch(kept, live.cache, mask, live.logits[index])
+    return PaddedBatch(kept, live.logits[index], live.cache, mask)
 
 
 def left_padded(sequences: list[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
