@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import all_records, run_metrics
 from typer.testing import CliRunner, Result
 
 from agentgym.agents import shown_order
@@ -27,6 +26,7 @@ from agentgym.trainers import heldout
 from agentgym.trainers.guards import CollapseGuard
 from agentgym.trainers.services import TokenizedExpert
 from agentgym.trajectory import read_trajectories
+from conftest import all_records, run_metrics
 
 COIN = "tw-coin_collector/level1/s0"
 """One turn for the expert: ``take coin``."""
@@ -114,6 +114,65 @@ class Scripted:
 
     async def close(self) -> None:
         return None
+
+
+def test_an_imperfect_teacher_plays_a_seeded_share_of_random_valid_commands() -> None:
+    from transformers import AutoTokenizer
+
+    from agentgym.policies.models import resolve_model
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"))
+    valid = ["go north", "go south", "take key", "open door", "eat apple"]
+    shown = {"expert_action": "Action: take key", "available_actions": valid, "sample": 0}
+    requests = [
+        GenerationRequest([], info=shown | {"task_id": f"task-{i // 8}", "turn": i % 8}) for i in range(400)
+    ]
+
+    def replies(epsilon: float, seed: int) -> list[str]:
+        teacher = TokenizedExpert(tokenizer, epsilon, seed, agent_format="react")
+        return [reply.text for reply in asyncio.run(teacher.generate(requests, SamplingParams()))]
+
+    assert set(replies(0.0, 0)) == {"Action: take key"}
+    assert set(replies(1.0, 0)) == {f"Action: {action}" for action in valid}
+    teacher = replies(0.3, 0)
+    assert teacher == replies(0.3, 0) != replies(0.3, 1)  # seeded: the same run, the same demonstrations
+    departures = sum(reply != "Action: take key" for reply in teacher)
+    assert 0.15 < departures / len(teacher) < 0.33  # 0.3 x 4/5 expected (a draw may be the expert's)
+
+
+def test_cloning_takes_the_teachers_won_episodes_and_the_curriculum_the_experts(
+    textworld_url: str, tmp_path: Path
+) -> None:
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from agentgym.policies.models import resolve_model
+    from agentgym.run_folder import RunDir
+    from agentgym.trainers.config import TrainConfig
+    from agentgym.trainers.distributed import DataParallel
+    from agentgym.trainers.services import ExpertDemonstrations
+
+    config = TrainConfig(  # long demonstrations too: the teacher's detours make them longer
+        env="textworld",
+        bc_teacher_epsilon=0.25,
+        bc_episodes=6,
+        curriculum="fits-horizon",
+        bc_max_tokens=20_000,
+    )
+    tasks = asyncio.run(list_tasks(textworld_url, "train", None))[:8]
+    run = SimpleNamespace(config=config, run_dir=RunDir(tmp_path), dp=DataParallel(), url=textworld_url,
+                          tokenizer=AutoTokenizer.from_pretrained(resolve_model("smollm2-135m")),
+                          train_tasks=tasks, complete=asyncio.run)  # fmt: skip
+    demos = ExpertDemonstrations(run)
+    cloned = demos.cloneable()
+    expert = {e.task_id: e.actions for e in demos.episodes()}
+    assert {e.task_id for e in cloned} <= set(tasks[:6]) and set(expert) == set(
+        tasks
+    )  # every task: the curriculum
+    assert all(e.success for e in cloned) and (tmp_path / "teacher.jsonl").exists()
+    assert any(e.actions != expert[e.task_id] for e in cloned)  # the teacher strayed, and still won
+    assert demos.turns() == {task: len(actions) for task, actions in expert.items()}
 
 
 def test_invalid_turns_count_unparseable_replies_and_unlisted_commands(textworld_url: str) -> None:

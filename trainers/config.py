@@ -276,6 +276,11 @@ class TrainConfig:
     bc_max_tokens: int = 1024
     """Demonstrations longer than this are not cloned (a CPU pays per token; short ones teach
     the format); with ``curriculum: fits-horizon`` RL still draws their tasks."""
+    bc_teacher_epsilon: float = 0.0
+    """An imperfect teacher for the demonstrations: each of the expert's turns is replaced,
+    with this probability, by one of the env's valid commands drawn uniformly (seeded by
+    ``seed``, task and turn); only the episodes it still won are cloned. 0: the expert. The
+    curriculum's expert turns always come from the expert itself."""
 
     # ----- the regimes' own sections (each with its checks, in the regime's folder) -------
     agentevol: AgentEvolSettings = field(default_factory=AgentEvolSettings)

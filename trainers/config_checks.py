@@ -81,6 +81,8 @@ def config_problems(config: Any) -> list[str]:
     problems += _regime_problems(config)
     if config.pack_tokens is not None and config.pack_tokens < 2:
         problems.append("pack_tokens must be at least 2 (or null: no packing)")
+    if not 0 <= config.bc_teacher_epsilon <= 1:
+        problems.append("bc_teacher_epsilon must be in [0, 1] (0: the expert's own demonstrations)")
     if config.minibatch_size % config.micro_batch_size:
         problems.append("minibatch_size must be a multiple of micro_batch_size")
     return problems

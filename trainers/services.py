@@ -6,9 +6,11 @@ weights (held-out evaluation, the ``unsolved`` curriculum). Each reads the run t
 from __future__ import annotations
 
 import logging
+import random
 import time
 from typing import Any, Protocol
 
+from agentgym.agents import get_format
 from agentgym.policies.base import Generation, GenerationRequest, SamplingParams
 from agentgym.policies.chat import end_of_turn_id, reply_ids
 from agentgym.rollout import EpisodeSpec, run_episodes
@@ -46,34 +48,53 @@ class ServiceContext(Protocol):
 class TokenizedExpert:
     """The environment's expert as a token-level policy: its reply is the expert action in
     the agent format, tokenized as a model reply (ending with the end-of-turn token), so
-    behaviour cloning trains on exactly the tokens the model should emit."""
+    behaviour cloning trains on exactly the tokens the model should emit.
+
+    With ``epsilon`` > 0 it is an imperfect teacher: at each turn, with that probability, it
+    plays one of the env's valid commands drawn uniformly instead, the draw seeded by
+    ``seed``, the task and the turn (the same run plays the same demonstrations)."""
 
     name = "expert"
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(
+        self, tokenizer: Any, epsilon: float = 0.0, seed: int = 0, agent_format: str = "react"
+    ) -> None:
         self.tokenizer = tokenizer
         self.end_id = end_of_turn_id(tokenizer)
+        self.epsilon, self.seed = epsilon, seed
+        self.render = get_format(agent_format).render
 
     async def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Generation]:
         replies = []
         for request in requests:
-            ids = reply_ids(self.tokenizer, request.info["expert_action"], self.end_id)
-            replies.append(Generation(request.info["expert_action"], ids, [0.0] * len(ids), "stop"))
+            action = self._action(request.info)
+            ids = reply_ids(self.tokenizer, action, self.end_id)
+            replies.append(Generation(action, ids, [0.0] * len(ids), "stop"))
         return replies
+
+    def _action(self, info: dict[str, Any]) -> str:
+        """The expert's action (already in the agent format), or the teacher's random one."""
+        valid = info.get("available_actions")
+        if not self.epsilon or not valid:
+            return info["expert_action"]
+        draw = random.Random(f"{self.seed}:{info['task_id']}:{info['sample']}:{info['turn']}")
+        return self.render(draw.choice(valid)) if draw.random() < self.epsilon else info["expert_action"]
 
     async def close(self) -> None:
         return None
 
 
 class ExpertDemonstrations:
-    """The expert's won episodes on the train tasks, played once per run."""
+    """The expert's won episodes on the train tasks, played once per run (and, with
+    ``bc_teacher_epsilon``, the imperfect teacher's on the tasks cloned)."""
 
     def __init__(self, run: ServiceContext) -> None:
         self.run = run
-        self.expert: list[Trajectory] | None = None
+        self.played: dict[str, list[Trajectory]] = {}
+        """Won episodes by file in the run folder: ``expert.jsonl``, ``teacher.jsonl``."""
 
     def records(self) -> list[dict[str, Any]]:
-        """Token records of the expert's episodes on the first ``bc_episodes`` train tasks."""
+        """Token records of the demonstrations on the first ``bc_episodes`` train tasks."""
         cloned = set(self.run.train_tasks[: self.run.config.bc_episodes])
         records = [token_record(t) for t in self.cloneable() if t.task_id in cloned]
         if not records:
@@ -91,24 +112,37 @@ class ExpertDemonstrations:
             return {}
 
     def cloneable(self) -> list[Trajectory]:
-        """The expert episodes short enough to clone (``bc_max_tokens``)."""
-        limit = self.run.config.bc_max_tokens
-        return [e for e in self.episodes() if len(e.token_ids) <= limit]
+        """The demonstrations short enough to clone (``bc_max_tokens``): the expert's, or
+        the imperfect teacher's (``bc_teacher_epsilon``)."""
+        config = self.run.config
+        if config.bc_teacher_epsilon:
+            teacher = TokenizedExpert(
+                self.run.tokenizer, config.bc_teacher_epsilon, config.seed, config.agent_format
+            )
+            demonstrations = self._won("teacher.jsonl", self.run.train_tasks[: config.bc_episodes], teacher)
+        else:
+            demonstrations = self.episodes()
+        return [e for e in demonstrations if len(e.token_ids) <= config.bc_max_tokens]
 
     def episodes(self) -> list[Trajectory]:
-        """The expert's won episodes on train tasks, played once per run and kept in the run
-        folder: on the first ``bc_episodes`` (to clone), and with ``curriculum:
-        fits-horizon`` on every train task (RL draws from those the expert finishes within
-        the horizon, however long their text)."""
-        if self.expert is None:
-            run, config = self.run, self.run.config
-            path = run.run_dir.path / "expert.jsonl"
+        """The expert's won episodes on train tasks: on the first ``bc_episodes`` (to
+        clone), and with ``curriculum: fits-horizon`` on every train task (RL draws from
+        those the expert finishes within the horizon, however long their text)."""
+        config, tasks = self.run.config, self.run.train_tasks
+        every = config.curriculum != "all"
+        played = tasks if every else tasks[: config.bc_episodes]
+        return self._won("expert.jsonl", played, TokenizedExpert(self.run.tokenizer))
+
+    def _won(self, name: str, tasks: list[str], player: TokenizedExpert) -> list[Trajectory]:
+        """``player``'s won episodes on ``tasks``, played once per run and kept in the run
+        folder as ``name``."""
+        if name not in self.played:
+            run = self.run
+            path = run.run_dir.path / name
             if run.dp.main and (not path.exists() or not read_trajectories(path)):
-                every = config.curriculum != "all"
-                tasks = run.train_tasks if every else run.train_tasks[: config.bc_episodes]
                 specs = [EpisodeSpec(t, split="train") for t in tasks]
-                rollout = rollout_config(config, max_turns=None)
-                episodes = run.complete(run_episodes(run.url, TokenizedExpert(run.tokenizer), specs, rollout))
+                rollout = rollout_config(run.config, max_turns=None)
+                episodes = run.complete(run_episodes(run.url, player, specs, rollout))
                 order = {task: i for i, task in enumerate(tasks)}
                 with TrajectoryWriter(path) as writer:  # in task order, not the order they ended in:
                     # cloning's minibatches are drawn from this list, so a seed gives the same ones
@@ -116,10 +150,10 @@ class ExpertDemonstrations:
                         if e.success and e.token_ids:
                             writer.write(e)
             run.dp.barrier()  # the other ranks read what rank 0 wrote
-            self.expert = read_trajectories(path)
-            if not self.expert:
-                raise RuntimeError("the expert solved no train task: nothing to clone")
-        return self.expert
+            self.played[name] = read_trajectories(path)
+            if not self.played[name]:
+                raise RuntimeError(f"{name}: no train task won, nothing to clone")
+        return self.played[name]
 
 
 class GreedyPlay:
