@@ -97,6 +97,10 @@ def serve_model(
             min=1, help="Longest reply a request may ask for (default: the context its prompt leaves)."
         ),
     ] = None,
+    shutdown_grace: Annotated[
+        float,
+        typer.Option(min=0, help="On SIGTERM or Ctrl-C, seconds requests still generating get to finish."),
+    ] = 10.0,
 ) -> None:
     """Serve a local model or a training run over OpenAI's chat-completions API
     (/v1/chat/completions, /v1/models); `eval --policy openai --base-url` plays it."""
@@ -118,4 +122,5 @@ def serve_model(
         served_model_name=served_model_name,
         api_key=api_key,
         max_tokens=max_tokens,
+        shutdown_grace_s=shutdown_grace,
     )

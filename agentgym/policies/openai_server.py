@@ -47,7 +47,8 @@ MAX_BODY_BYTES = 8 * 2**20
 DISCONNECT_POLL_S = 0.25
 """How often a generating request checks that its client is still there."""
 SHUTDOWN_GRACE_S = 10
-"""On SIGTERM, how long requests still generating may take before the server stops anyway."""
+"""On SIGTERM, how long requests still generating may take before the server stops anyway
+(``serve-model --shutdown-grace``)."""
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 T = TypeVar("T")
 
@@ -424,9 +425,10 @@ def serve_model(
     served_model_name: str | None = None,
     api_key: str | None = None,
     max_tokens: int | None = None,
+    shutdown_grace_s: float = SHUTDOWN_GRACE_S,
 ) -> None:
     """Load ``model`` (alias, folder, hub id or training run) and serve it until Ctrl-C or
-    SIGTERM (requests still generating get :data:`SHUTDOWN_GRACE_S` to finish)."""
+    SIGTERM (requests still generating get ``shutdown_grace_s`` to finish)."""
     import uvicorn
 
     from agentgym.policies.hf import HFPolicy
@@ -436,6 +438,6 @@ def serve_model(
     policy = HFPolicy(model, device=device, dtype=dtype, max_batch_size=max_batch_size)
     app = create_openai_app(policy, model_name=served_model_name, api_key=api_key, max_tokens=max_tokens)
     try:
-        uvicorn.run(app, host=host, port=port, timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
+        uvicorn.run(app, host=host, port=port, timeout_graceful_shutdown=shutdown_grace_s)
     finally:
         asyncio.run(policy.close())
