@@ -40,6 +40,8 @@ CLI's twin, which reads a trainer's run config) by the CLI, the CLI by nothing."
 LOOP = "agentgym.trainers.loop"
 """The trainer's loop: a regime (``trainers/regimes.py``, ``trainers/*/regime.py``) gets a
 ``TrainingContext`` of the run, never the trainer, so it never imports the loop."""
+REGIME_SIDE = {f"agentgym.trainers.{name}" for name in ("regimes", "context", "services", "update")}
+"""The regimes' modules and what they are given: none of them imports the loop."""
 KNOWN_DEBTS: set[str] = set()
 
 
@@ -122,7 +124,7 @@ def _breaks(module: str, target: str) -> Iterator[str]:
         yield f"the env contract's {module} imports {target}, outside the contract"
     if _env_of(module) and not _env_of(target) and target not in CONTRACT and target != "agentgym.envs":
         yield f"{_env_of(module)} imports {target}, above the env contract"
-    if target == LOOP and (module == "agentgym.trainers.regimes" or module.endswith(".regime")):
+    if target == LOOP and (module in REGIME_SIDE or module.endswith(".regime")):
         yield f"the regime {module} imports the loop: a regime gets a TrainingContext"
     for top in TOP:
         if _within(target, top) and not any(_within(module, t) for t in TOP[TOP.index(top) :]):

@@ -139,6 +139,20 @@ def test_an_imperfect_teacher_plays_a_seeded_share_of_random_valid_commands() ->
     departures = sum(reply != "Action: take key" for reply in teacher)
     assert 0.15 < departures / len(teacher) < 0.33  # 0.3 x 4/5 expected (a draw may be the expert's)
 
+    unlisted = TokenizedExpert(tokenizer, 0.3)  # an env that lists no commands: nothing to draw
+    asyncio.run(
+        unlisted.generate(
+            [
+                GenerationRequest([], info=request.info | {"available_actions": None})
+                for request in requests[:5]
+            ],
+            SamplingParams(),
+        )
+    )
+    assert (
+        unlisted.blind == unlisted.turns == 5
+    )  # so the run stops instead of cloning the expert as the teacher
+
 
 def test_cloning_takes_the_teachers_won_episodes_and_the_curriculum_the_experts(
     textworld_url: str, tmp_path: Path

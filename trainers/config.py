@@ -279,7 +279,8 @@ class TrainConfig:
     bc_teacher_epsilon: float = 0.0
     """An imperfect teacher for the demonstrations: each of the expert's turns is replaced,
     with this probability, by one of the env's valid commands drawn uniformly (seeded by
-    ``seed``, task and turn); only the episodes it still won are cloned. 0: the expert. The
+    ``seed``, task and turn); only the episodes it still won are cloned (and make AgentEvol's
+    demonstration set). 0: the expert. The env must list its valid commands. The
     curriculum's expert turns always come from the expert itself."""
 
     # ----- the regimes' own sections (each with its checks, in the regime's folder) -------

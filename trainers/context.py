@@ -22,6 +22,9 @@ from agentgym.trainers.services import ExpertDemonstrations, GreedyPlay
 
 @dataclass
 class TrainingContext:
+    """The run as a regime sees it; it also serves as the services' ``ServiceContext`` and the
+    update's ``UpdateContext`` (the narrower views those modules are typed against)."""
+
     config: Any
     learner: Learner
     collector: Collector

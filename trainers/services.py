@@ -1,7 +1,8 @@
 """Services every training regime uses: the expert's demonstrations (behaviour cloning,
 the ``fits-horizon`` curriculum, AgentEvol's expert set) and greedy play with the current
 weights (held-out evaluation, the ``unsolved`` curriculum). Each reads the run through
-:class:`ServiceContext`, what the trainer offers them."""
+:class:`ServiceContext`, the part of a run's :class:`~agentgym.trainers.context.TrainingContext`
+they need."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ class ServiceContext(Protocol):
     test_tasks: list[str]
 
     def complete(self, coroutine: Any) -> Any:
-        """Run ``coroutine`` to its end on the trainer's event loop."""
+        """Run ``coroutine`` to its end on the run's event loop."""
         ...
 
 
@@ -52,7 +53,9 @@ class TokenizedExpert:
 
     With ``epsilon`` > 0 it is an imperfect teacher: at each turn, with that probability, it
     plays one of the env's valid commands drawn uniformly instead, the draw seeded by
-    ``seed``, the task and the turn (the same run plays the same demonstrations)."""
+    ``seed``, the task, the sample and the turn (the same run plays the same
+    demonstrations). :attr:`turns` counts the turns it played, :attr:`blind` those where
+    the env listed no commands to draw from."""
 
     name = "expert"
 
@@ -62,6 +65,7 @@ class TokenizedExpert:
         self.tokenizer = tokenizer
         self.end_id = end_of_turn_id(tokenizer)
         self.epsilon, self.seed = epsilon, seed
+        self.turns = self.blind = 0
         self.render = get_format(agent_format).render
 
     async def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Generation]:
@@ -75,7 +79,11 @@ class TokenizedExpert:
     def _action(self, info: dict[str, Any]) -> str:
         """The expert's action (already in the agent format), or the teacher's random one."""
         valid = info.get("available_actions")
-        if not self.epsilon or not valid:
+        if not self.epsilon:
+            return info["expert_action"]
+        self.turns += 1
+        if not valid:
+            self.blind += 1
             return info["expert_action"]
         draw = random.Random(f"{self.seed}:{info['task_id']}:{info['sample']}:{info['turn']}")
         return self.render(draw.choice(valid)) if draw.random() < self.epsilon else info["expert_action"]
@@ -99,7 +107,7 @@ class ExpertDemonstrations:
         records = [token_record(t) for t in self.cloneable() if t.task_id in cloned]
         if not records:
             raise RuntimeError(
-                f"the expert solved none of the first {len(cloned)} train tasks: nothing to clone"
+                f"no demonstration won any of the first {len(cloned)} train tasks: nothing to clone"
             )
         return records
 
@@ -149,6 +157,11 @@ class ExpertDemonstrations:
                     for e in sorted(episodes, key=lambda e: order[e.task_id]):
                         if e.success and e.token_ids:
                             writer.write(e)
+            if player.turns and player.blind == player.turns:  # it would pass the expert off as imperfect
+                raise RuntimeError(
+                    "bc_teacher_epsilon: the env listed no valid commands on any turn, so the teacher "
+                    "had nothing to draw from; it needs an env that lists them (available_actions)"
+                )
             run.dp.barrier()  # the other ranks read what rank 0 wrote
             self.played[name] = read_trajectories(path)
             if not self.played[name]:

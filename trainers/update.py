@@ -32,8 +32,11 @@ class UpdateContext(Protocol):
     config: Any
     learner: Learner
     dp: DataParallel
-    version: int
-    """The policy weights version (seeds the minibatch order)."""
+
+    @property
+    def version(self) -> int:
+        """The policy weights version (seeds the minibatch order)."""
+        ...
 
     def minibatch(self, batch: TokenBatch) -> TokenBatch:
         """``batch`` as one optimizer step's minibatch, its token weights fixed."""

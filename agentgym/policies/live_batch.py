@@ -83,8 +83,8 @@ class PaddedBatch(LiveBatch):
     """Rows on the model's own cache, left-padded to one length: a prefill's, or a model
     whose cache cannot be slotted (then newcomers wait until the batch drains)."""
 
-    cache: Any = None
-    mask: torch.Tensor | None = None
+    cache: Any
+    mask: torch.Tensor
     """``[B, T]`` attention mask over the cache: 0 on padding."""
 
     def room(self, max_rows: int) -> int:
@@ -112,7 +112,7 @@ class SlottedBatch(LiveBatch):
     """Rows on static slots (:class:`~agentgym.policies.slots.SlotCache`): row ``i`` is
     slot ``i``, newcomers take the free slots after them."""
 
-    slots: SlotCache | None = None
+    slots: SlotCache
 
     def room(self, max_rows: int) -> int:
         return max_rows - len(self.rows)
