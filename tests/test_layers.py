@@ -7,7 +7,8 @@ From low to high: the env contract (``core``, ``errors``, ``inputs``, ``cache``,
 (``agentgym.envs.NAME``, which imports only the contract and itself; the contract imports only
 itself) < servers, policies and
 the rest of ``agentgym`` < the trainer < the Python API (``agentgym.api``) < the CLI. Nothing imports upward, no module outside
-an env's folder imports that env (the registry names them as strings), and no two modules
+an env's folder imports that env (the registry names them as strings), nothing outside a
+regime's folder (``trainers/agentevol/``) imports it (presets name it), and no two modules
 import each other, however indirectly.
 
 ``KNOWN_DEBTS`` would list breaks knowingly left in the house (none today): the test fails
@@ -17,6 +18,7 @@ on any break not listed, and on a listed one that is gone, so the list only shri
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,6 +47,7 @@ REGIME_SIDE = {f"agentgym.trainers.{name}" for name in ("regimes", "context", "s
 KNOWN_DEBTS: set[str] = set()
 
 
+@functools.cache
 def package_folders() -> dict[str, Path]:
     """Namespace -> folder, as ``setup.py`` installs them (its ``NAMESPACE``)."""
     (mapping,) = [
@@ -126,6 +129,8 @@ def _breaks(module: str, target: str) -> Iterator[str]:
         yield f"{_env_of(module)} imports {target}, above the env contract"
     if target == LOOP and (module in REGIME_SIDE or module.endswith(".regime")):
         yield f"the regime {module} imports the loop: a regime gets a TrainingContext"
+    if (folder := _regime_folder(target)) and not _within(module, folder):
+        yield f"{module} imports {target}: presets name a regime and its settings by import path"
     for top in TOP:
         if _within(target, top) and not any(_within(module, t) for t in TOP[TOP.index(top) :]):
             yield f"{module} imports {target}, a floor above it"
@@ -134,6 +139,15 @@ def _breaks(module: str, target: str) -> Iterator[str]:
 def _env_of(module: str) -> str | None:
     parts = module.split(".")
     return ".".join(parts[:3]) if parts[:2] == ["agentgym", "envs"] and len(parts) > 2 else None
+
+
+def _regime_folder(module: str) -> str | None:
+    """The regime folder (``agentgym.trainers.NAME`` with a ``regime.py``) ``module`` is in."""
+    parts = module.split(".")
+    if parts[:2] != ["agentgym", "trainers"] or len(parts) < 3:
+        return None
+    has_regime = (package_folders()["agentgym.trainers"] / parts[2] / "regime.py").exists()
+    return ".".join(parts[:3]) if has_regime else None
 
 
 def _within(module: str, package: str) -> bool:
@@ -196,6 +210,11 @@ def test_the_floors_hold_and_no_module_imports_itself_back() -> None:
         ),
         ("trainers/leak.py", "from agentgym.cli import app\n", "a floor above it"),
         ("trainers/agentevol/regime.py", "from agentgym.trainers.loop import Trainer\n", "a regime gets a"),
+        (
+            "trainers/config.py",
+            "from agentgym.trainers.agentevol.settings import AgentEvolSettings\n",
+            "presets name a regime",
+        ),
         ("agentgym/problems.py", "def f():\n    from agentgym import registry\n", "outside the contract"),
         ("agentgym/wire.py", "from agentgym import leak\n", "cycle: agentgym.leak -> agentgym.wire"),
     ],

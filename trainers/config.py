@@ -8,6 +8,7 @@ folder and reloaded by ``--resume``.
 from __future__ import annotations
 
 import dataclasses
+import pkgutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,7 @@ import yaml
 from agentgym.errors import did_you_mean
 from agentgym.policies.adapters import LORA_DEFAULTS
 from agentgym.policies.dtypes import AUTO
-from agentgym.trainers.agentevol.settings import AgentEvolSettings
 from agentgym.trainers.config_checks import config_problems
-from agentgym.trainers.critique_rl.settings import CritiqueRLSettings
 from agentgym.trainers.loss_settings import BapoConfig, ClipConfig
 from agentgym.trainers.presets import PRESETS
 
@@ -79,7 +78,24 @@ def _section(name: str, settings: type, values: dict[str, Any]) -> Any:
     return _coerce_numbers(settings(**values), f"{name}.")
 
 
+def regime_sections() -> dict[str, type]:
+    """Each training regime's own settings class by its key in the config, found through the
+    presets that name it (``Preset.settings``): ``agentevol``, ``critique_rl``."""
+    classes = {pkgutil.resolve_name(preset.settings) for preset in PRESETS.values() if preset.settings}
+    return {settings.SECTION: settings for settings in sorted(classes, key=lambda c: c.SECTION)}
+
+
+def _with_regime_sections(cls: type) -> type:
+    """``cls`` with a field per regime section, added before ``@dataclass`` reads the fields
+    (their docs: the settings classes' docstrings)."""
+    for name, settings in regime_sections().items():
+        cls.__annotations__[name] = settings
+        setattr(cls, name, field(default_factory=settings))
+    return cls
+
+
 @dataclass
+@_with_regime_sections
 class TrainConfig:
     # ----- what to train, where -------------------------------------------------------
     algo: str = "bapo"
@@ -283,12 +299,6 @@ class TrainConfig:
     demonstration set). 0: the expert. The env must list its valid commands. The
     curriculum's expert turns always come from the expert itself."""
 
-    # ----- the regimes' own sections (each with its checks, in the regime's folder) -------
-    agentevol: AgentEvolSettings = field(default_factory=AgentEvolSettings)
-    """AgentEvol's explore + learn iterations (``algo: agentevol``; ``trainers/agentevol/``)."""
-    critique_rl: CritiqueRLSettings = field(default_factory=CritiqueRLSettings)
-    """Critique-RL's stages (``algo: critique-rl``, env math; ``trainers/critique_rl/``)."""
-
     # ----- bookkeeping -----------------------------------------------------------------
     eval_every: int = 0
     """Evaluate on the validation split every N RL steps, and then also after behaviour
@@ -321,6 +331,9 @@ class TrainConfig:
     ``wandb`` (Weights & Biases; offline with ``WANDB_MODE=offline``); ``[]`` for neither."""
     wandb_project: str = "agentgym"
     """The W&B project of ``report_to: [wandb]`` runs (the run is named after the run folder)."""
+
+    # ----- the regimes' own sections follow, one per preset's ``settings`` ------------------
+    # (``agentevol:``, ``critique_rl:``; each with its checks, in the regime's folder)
 
     def __post_init__(self) -> None:
         _coerce_numbers(self)

@@ -5,7 +5,7 @@ are checked here; a training regime's own ones by its settings section (``proble
 
 from __future__ import annotations
 
-import dataclasses
+import pkgutil
 from typing import Any
 
 from agentgym.agents import ACTION_ORDERS
@@ -129,10 +129,7 @@ def clipped_family_only(config: Any) -> list[str]:
 
 
 def _regime_problems(config: Any) -> list[str]:
-    """The checks of the settings section that belongs to the regime the preset names (the
-    section whose ``regime`` is the preset's: ``critique_rl:``, ``agentevol:``)."""
-    for f in dataclasses.fields(config):
-        section = getattr(config, f.name)
-        if getattr(section, "regime", None) == config.preset.regime:
-            return section.problems(config)
-    return []
+    """The checks of the settings section the preset names (``critique_rl:``, ``agentevol:``)."""
+    if config.preset.settings is None:
+        return []
+    return getattr(config, pkgutil.resolve_name(config.preset.settings).SECTION).problems(config)

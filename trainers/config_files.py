@@ -27,7 +27,7 @@ import yaml
 
 import agentgym.envs
 from agentgym.errors import did_you_mean
-from agentgym.trainers.config import TrainConfig
+from agentgym.trainers.config import TrainConfig, regime_sections
 from agentgym.trainers.presets import PRESETS
 
 RECIPE_DIR = Path(__file__).parent / "recipe_yaml"
@@ -66,7 +66,9 @@ def _commented_lines(config: Any, indent: str) -> Iterator[str]:
     docs = field_docs(type(config))
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
-        yield from (f"{indent}# {line}".rstrip() for line in docs.get(f.name, "").splitlines())
+        # A regime's section is documented by its settings class (it is not in the source).
+        doc = docs.get(f.name) or (inspect.getdoc(value) if f.name in regime_sections() else "")
+        yield from (f"{indent}# {line}".rstrip() for line in doc.splitlines())
         if dataclasses.is_dataclass(value):
             yield f"{indent}{f.name}:"
             yield from _commented_lines(value, indent + "  ")

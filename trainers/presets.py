@@ -11,8 +11,6 @@ from typing import Any
 
 CLIPPED_RL = "agentgym.trainers.regimes:ClippedRL"
 """The clipped family's regime: collect groups, advantages, a clipped update."""
-AGENTEVOL = "agentgym.trainers.agentevol.regime:AgentEvol"
-CRITIQUE_RL = "agentgym.trainers.critique_rl.regime:CritiqueRL"
 
 
 @dataclass(frozen=True)
@@ -26,6 +24,10 @@ class Preset:
     clip_rule: str = "fixed"
     defaults: dict[str, Any] = field(default_factory=dict)
     """Config fields its paper sets (dotted for nested configs); the user's values win."""
+    settings: str | None = None
+    """The regime's own config section by import path (``module:Class``: a frozen dataclass
+    with ``SECTION``, its key in the config, and ``problems(config)``, its checks). The config
+    finds its sections here, so a new regime is its folder plus a preset."""
 
 
 PRESETS: dict[str, Preset] = {
@@ -69,13 +71,16 @@ PRESETS: dict[str, Preset] = {
         advantage="batch-whitened",
     ),
     "agentevol": Preset(
-        "AgentEvol (arXiv 2406.04151): behaviour cloning, then explore + reward-weighted learn", AGENTEVOL
+        "AgentEvol (arXiv 2406.04151): behaviour cloning, then explore + reward-weighted learn",
+        "agentgym.trainers.agentevol.regime:AgentEvol",
+        settings="agentgym.trainers.agentevol.settings:AgentEvolSettings",
     ),
     "critique-rl": Preset(
         "Critique-RL (arXiv 2510.24320): two-stage RL of a critic, RLOO over its critiques, KL 0.01",
-        CRITIQUE_RL,
+        "agentgym.trainers.critique_rl.regime:CritiqueRL",
         advantage="rloo",
         defaults={"kl_coef": 0.01},
+        settings="agentgym.trainers.critique_rl.settings:CritiqueRLSettings",
     ),
 }
 """``--algo`` names. AgentEvol and Critique-RL train in their own regimes."""

@@ -6,13 +6,14 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from agentgym.trainers.config_checks import clipped_family_only
-from agentgym.trainers.presets import AGENTEVOL
 
 
 @dataclass(frozen=True)
 class AgentEvolSettings:
-    regime: ClassVar[str] = AGENTEVOL
-    """The regime these settings belong to (``Preset.regime``, ``presets.py``)."""
+    """AgentEvol's explore + learn iterations (``algo: agentevol``; ``trainers/agentevol/``)."""
+
+    SECTION: ClassVar[str] = "agentevol"
+    """Its key in the config (``agentevol.iterations``)."""
     FLAT_PREFIX: ClassVar[str] = "evol_"
     """Earlier versions took these fields as top-level keys, this prefix + the field's name
     (``evol_iterations``; still accepted)."""

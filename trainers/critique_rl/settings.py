@@ -8,13 +8,14 @@ from typing import Any, ClassVar
 from agentgym.errors import AgentGymError
 from agentgym.registry import answer_key
 from agentgym.trainers.config_checks import clipped_family_only
-from agentgym.trainers.presets import CRITIQUE_RL
 
 
 @dataclass(frozen=True)
 class CritiqueRLSettings:
-    regime: ClassVar[str] = CRITIQUE_RL
-    """The regime these settings belong to (``Preset.regime``, ``presets.py``)."""
+    """Critique-RL's stages (``algo: critique-rl``, env math; ``trainers/critique_rl/``)."""
+
+    SECTION: ClassVar[str] = "critique_rl"
+    """Its key in the config (``critique_rl.stage1_steps``)."""
     FLAT_PREFIX: ClassVar[str] = ""
     """Earlier versions took these fields as top-level keys, this prefix + the field's name
     (still accepted)."""
