@@ -25,13 +25,14 @@ from typing import Any, NamedTuple, TypeVar
 import yaml
 
 from agentgym import registry
-from agentgym.errors import AgentGymError, UsageError
-from agentgym.evaluation import EvalConfig, build_policy, check_policy_model, check_server, env_server
-from agentgym.evaluation import evaluate as evaluate_on
-from agentgym.play_profile import PlayProfile
+from agentgym.contract.errors import AgentGymError, UsageError
+from agentgym.play.critic_eval import catalogue_problems, evaluate_critic, evaluate_episode_critic
+from agentgym.play.evaluation import EvalConfig, build_policy, check_policy_model, check_server, env_server
+from agentgym.play.evaluation import evaluate as evaluate_on
+from agentgym.play.play_profile import PlayProfile, played_by
 from agentgym.policies.base import Policy
-from agentgym.policies.runs import RUN_CONFIG, played_by, run_of
-from agentgym.trajectory import Trajectory
+from agentgym.policies.runs import RUN_CONFIG, run_of
+from agentgym.records.trajectory import Trajectory
 
 T = TypeVar("T")
 
@@ -90,6 +91,7 @@ def evaluate(
     history_turns: int | None = None,
     play: dict[str, Any] | None = None,
     policy_args: dict[str, Any] | None = None,
+    critic: str | None = None,
     on_plan: Callable[[int, int], None] | None = None,
     on_episode: Callable[[Trajectory], None] | None = None,
     on_resume: Callable[[list[Trajectory]], None] | None = None,
@@ -102,8 +104,11 @@ def evaluate(
         play: ``agent_format``, ``max_new_tokens``, ``max_turns``, ``show_actions``,
             ``action_order``, ``constrain_actions``; those left out come from the model's
             training run when it is one (or was exported from one), else
-            :class:`~agentgym.play_profile.PlayProfile`'s defaults (:func:`play_profile`).
+            :class:`~agentgym.play.play_profile.PlayProfile`'s defaults (:func:`play_profile`).
         policy_args: ``base_url``, ``api_key``, ``tool_calls`` (``policy="openai"``).
+        critic: a critic model (same kind of policy): on an env with an answer key (math),
+            critique-then-refine on its problems (no server); on any other env, each episode
+            critiqued and replayed with the critique (:mod:`agentgym.play.critic_eval`).
         temperature: None: greedy for ``k=1``, else 1.
         history_turns: earlier turns the prompt keeps (None: all).
         on_plan, on_episode, on_resume: progress callbacks, ``on_plan(total, already_done)``
@@ -111,7 +116,7 @@ def evaluate(
             once with the episodes kept from an earlier run in ``out``.
         on_note: hears where the play settings came from (:func:`play_profile`).
 
-    Raises :class:`~agentgym.evaluation.UsageError` for bad arguments, before any server
+    Raises :class:`~agentgym.play.evaluation.UsageError` for bad arguments, before any server
     starts or model loads, and :class:`ServerStartError` when the local env server fails.
     """
     if url is None:
@@ -126,6 +131,10 @@ def evaluate(
     choice = PolicyChoice(
         policy, None if model is None else str(model), concurrency=concurrency, **(policy_args or {})
     )
+    if critic is not None:
+        check_policy_model(policy, critic)
+        judged = _CriticRun(config, choice, critic, url, token, on_plan, on_episode, on_note)
+        return judged.evaluate() | {"out_dir": str(out_dir)}
 
     async def job(server_url: str, built: Policy) -> dict[str, Any]:
         return await evaluate_on(
@@ -138,7 +147,8 @@ def evaluate(
             on_resume=on_resume,
         )
 
-    return run_with_policy(env, url, out_dir / "servers", token, choice, job) | {"out_dir": str(out_dir)}
+    found = run_with_policy(env, url, out_dir / "servers", token, choice, job, on_note)
+    return found | {"out_dir": str(out_dir)}
 
 
 def eval_temperature(temperature: float | None, k: int) -> float:
@@ -152,7 +162,7 @@ def eval_folder(out: str | Path | None, env: str, split: str, policy: str) -> Pa
 
 
 class PolicyChoice(NamedTuple):
-    """Which policy plays (see :func:`agentgym.evaluation.build_policy`)."""
+    """Which policy plays (see :func:`agentgym.play.evaluation.build_policy`)."""
 
     kind: str
     model: str | None
@@ -180,12 +190,16 @@ def run_with_policy(
     token: str | None,
     choice: PolicyChoice,
     job: Callable[[str, Policy], Awaitable[T]],
+    on_note: Callable[[str], None] | None = None,
 ) -> T:
     """``job(server_url, policy)`` on ``env``'s server at ``url`` (a local one, logging to
     ``log_dir``, when None) with the ``choice`` of policy, closed after. The model is checked
     before any server starts, the server before the model loads; ``UsageError`` for bad
-    arguments, :class:`ServerStartError` when the local server fails."""
+    arguments, :class:`ServerStartError` when the local server fails. ``on_note`` hears which
+    server it starts or connects to."""
     check_policy_model(choice.kind, choice.model)
+    if on_note is not None:
+        on_note(f"starting a local {env} server ..." if url is None else f"connecting to {url} ...")
     with contextlib.ExitStack() as stack:
         try:
             server_url = stack.enter_context(env_server(env, url, log_dir))
@@ -201,6 +215,73 @@ def run_with_policy(
                 await built.close()
 
         return asyncio.run(run())
+
+
+class _CriticRun(NamedTuple):
+    """``evaluate(critic=...)``: the actor (``choice``) and a critic of the same kind."""
+
+    config: EvalConfig
+    choice: PolicyChoice
+    critic: str
+    url: str | None
+    token: str | None
+    on_plan: Callable[[int, int], None] | None
+    on_episode: Callable[[Trajectory], None] | None
+    on_note: Callable[[str], None] | None
+
+    def evaluate(self) -> dict[str, Any]:
+        config = self.config
+        if registry.serves_problems(config.env):
+            if self.url is not None:
+                raise UsageError(
+                    f"a critic reads the problems from the {config.env} catalogue itself: drop the env url"
+                )
+            if self.on_note is not None:
+                self.on_note("critique rounds ...")
+            return asyncio.run(self._on_problems())
+        log_dir = config.out_dir / "servers"
+        return run_with_policy(
+            config.env, self.url, log_dir, self.token, self.choice, self._on_episodes, self.on_note
+        )
+
+    async def _on_problems(self) -> dict[str, Any]:
+        """Critique-then-refine on the split's problems; no env server is involved."""
+        config = self.config
+        actor, judge = self.choice.build(), self.choice.build(self.critic)
+        try:
+            problems = catalogue_problems(config.env, config.split, config.n)
+            return await evaluate_critic(
+                config.env,
+                actor,
+                judge,
+                problems,
+                config.out_dir,
+                k=config.k,
+                sampling=config.rollout.sampling,
+            )
+        finally:
+            await actor.close()
+            await judge.close()
+
+    async def _on_episodes(self, server_url: str, actor: Policy) -> dict[str, Any]:
+        """The actor plays episodes, the critic judges each, the actor replays with it."""
+        config, judge = self.config, self.choice.build(self.critic)
+        try:
+            return await evaluate_episode_critic(
+                server_url,
+                actor,
+                judge,
+                config.env,
+                config.split,
+                config.n,
+                config.out_dir,
+                rollout=config.rollout,
+                token=self.token,
+                on_plan=self.on_plan,
+                on_episode=self.on_episode,
+            )
+        finally:
+            await judge.close()
 
 
 class ServerStartError(RuntimeError):

@@ -11,7 +11,7 @@ import sys
 
 from rich.panel import Panel
 
-from agentgym.client import EnvClient
+from agentgym.clients.env_client import EnvClient
 from agentgym.progress import make_console
 from agentgym.servers.launcher import start_server_process, wait_healthy
 

@@ -18,11 +18,11 @@ from typing import Any
 
 import yaml
 
-from agentgym.play_profile import PlayProfile, read_play, write_play
+from agentgym.play.play_profile import PlayProfile, read_play, write_play
 from agentgym.policies.chat import stop_token_ids
 from agentgym.policies.dtypes import AUTO, check_dtype_name, export_dtype
 from agentgym.policies.runs import RUN_CONFIG, RunCheckpoint, find_checkpoint
-from agentgym.run_folder import READABLE_FILE, READABLE_FOLDER, MetricsLog
+from agentgym.records.run_folder import READABLE_FILE, READABLE_FOLDER, MetricsLog
 
 HELD_OUT_PREFIX = ("val_", "eval_")
 """Metrics of the held-out evaluations: validation (``val_success_rate``, ...) and the

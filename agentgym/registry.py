@@ -23,9 +23,9 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from agentgym import hosting
-from agentgym.core import TextEnv
-from agentgym.errors import UnknownEnv, did_you_mean
-from agentgym.problems import AnswerKey
+from agentgym.contract.core import TextEnv
+from agentgym.contract.errors import UnknownEnv, did_you_mean
+from agentgym.contract.problems import AnswerKey
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ import asyncio
 import json
 import time
 
-from agentgym.critique import critique_metrics, critique_round, voting_accuracy
 from agentgym.envs.math import MathEnv
+from agentgym.play.critique import critique_metrics, critique_round, voting_accuracy
 from agentgym.policies.base import SamplingParams
 from agentgym.policies.hf import HFPolicy
 

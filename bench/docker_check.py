@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from agentgym.client import EnvClient
+from agentgym.clients.env_client import EnvClient
 from agentgym.servers.launcher import free_port
 
 ROOT = Path(__file__).resolve().parent.parent

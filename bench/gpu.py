@@ -41,7 +41,7 @@ from generation import generation_rows
 
 from agentgym.policies.dtypes import dtype_name, resolve_dtype
 from agentgym.policies.hf import HFPolicy
-from agentgym.run_folder import RunDir
+from agentgym.records.run_folder import RunDir
 from agentgym.trainers.batch import collate
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.distributed import DataParallel

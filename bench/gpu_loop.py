@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from gpu import machine, model_folder, tokenizer
 
-from agentgym.evaluation import RESULTS_FILE
-from agentgym.run_folder import MetricsLog
+from agentgym.play.evaluation import RESULTS_FILE
+from agentgym.records.run_folder import MetricsLog
 from agentgym.servers.launcher import start_server_process, wait_healthy
 
 ENV = "babyai"

@@ -69,7 +69,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agentgym.policies.models import converted_folder
-from agentgym.run_folder import MetricsLog, read_json_object
+from agentgym.records.run_folder import MetricsLog, read_json_object
 from agentgym.trainers import heldout, manifest
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.config_files import env_layer

@@ -26,9 +26,9 @@ from pathlib import Path
 from learning import BC_ARM, console, finished, run_dir
 from rich.table import Table
 
-from agentgym.evaluation import pass_at_k
+from agentgym.play.evaluation import pass_at_k
+from agentgym.records.trajectory import read_jsonl
 from agentgym.trainers import heldout
-from agentgym.trajectory import read_jsonl
 
 PANELS = {"textworld": {"test": None, "ood": 16}}
 """Env -> panel (split) -> its turn limit (None: the run's own held-out limit, 8 on textworld).

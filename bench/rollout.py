@@ -48,10 +48,10 @@ from dataclasses import asdict, astuple, dataclass
 import httpx
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from agentgym.play.rollout import EpisodeSpec, RolloutConfig, run_episodes
 from agentgym.policies.base import Policy, SamplingParams
 from agentgym.policies.expert import ExpertPolicy
 from agentgym.policies.hf import HFPolicy
-from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
 from agentgym.servers.app import ServerConfig, create_app
 from agentgym.servers.launcher import serve_in_thread
 

@@ -41,7 +41,7 @@ import psutil
 import uvloop
 
 from agentgym import registry
-from agentgym.client import AsyncEnvClient
+from agentgym.clients.env_client import AsyncEnvClient
 from agentgym.servers.app import ServerConfig, engine_host
 from agentgym.servers.launcher import start_server_process, wait_healthy
 from agentgym.servers.sessions import Session, SessionManager

@@ -43,7 +43,7 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).parent))  # run as a script: share bench/server.py's helpers
 from server import cpu_seconds
 
-from agentgym.client import AsyncEnvClient, RetryPolicy
+from agentgym.clients.env_client import AsyncEnvClient, RetryPolicy
 from agentgym.servers.launcher import ServerProcess, start_gateway_process, start_server_process, wait_healthy
 from agentgym.servers.replicas import Replica
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from agentgym.run_folder import MetricsLog
+from agentgym.records.run_folder import MetricsLog
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.loop import Trainer
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentgym.trajectory import Trajectory, TrajectoryWriter
+from agentgym.records.trajectory import Trajectory, TrajectoryWriter
 
 ACTIONS = ("go north", "go east", "take key", "open door", "look", "inventory")
 SYSTEM = "You are an agent in a text game. Reply as:\nThought: <reasoning>\nAction: <one command>"

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentgym.client import AsyncEnvClient
+from agentgym.clients.env_client import AsyncEnvClient
 from agentgym.servers.launcher import start_server_process, wait_healthy
 
 
@@ -35,7 +35,7 @@ def percentile_ms(samples: list[float], q: int) -> float:
 
 
 def build_figures(products: int, n_test: int) -> tuple[Any, dict[str, float]]:
-    from agentgym.cache import cache_dir
+    from agentgym.contract.cache import cache_dir
     from agentgym.envs.webshop.catalog import generate_catalog
     from agentgym.envs.webshop.search import SearchIndex
     from agentgym.envs.webshop.world import CatalogSource

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentgym.errors import ERRORS_BY_CODE
+from agentgym.contract.errors import ERRORS_BY_CODE
 from agentgym.servers.app import ServerConfig, create_app
 
 HEADER = """\

@@ -21,8 +21,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentgym import registry
-from agentgym.core import WEB_PREFIX, TextEnv
-from agentgym.errors import (
+from agentgym.contract.core import WEB_PREFIX, TextEnv
+from agentgym.contract.errors import (
     AgentGymError,
     InvalidPayload,
     MethodNotAllowed,

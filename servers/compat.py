@@ -2,7 +2,7 @@
 
 AgentGym runs one server per environment and they differ; an env declares the dialect of
 AgentGym's server for it as its class attribute ``compat_dialect`` (an
-``agentgym.dialects.Dialect`` kept in the env's folder; the map of what each answers is in
+``agentgym.contract.dialects.Dialect`` kept in the env's folder; the map of what each answers is in
 ``docs/environments.md``). Rules of every dialect:
 
 * A request names its session by ``env_idx`` or ``id``. When it carries both,
@@ -30,9 +30,9 @@ from typing import Any, Self
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
 
-from agentgym.core import Task, TextEnv
-from agentgym.dialects import GENERIC, Dialect
-from agentgym.errors import SchemaError, UnknownTask
+from agentgym.contract.core import Task, TextEnv
+from agentgym.contract.dialects import GENERIC, Dialect
+from agentgym.contract.errors import SchemaError, UnknownTask
 from agentgym.servers.middleware import ClientOf
 from agentgym.servers.sessions import Session, SessionManager
 

@@ -98,7 +98,7 @@ def encode_error(exc: BaseException) -> tuple[Any, ...]:
     """A contract error (``AgentGymError``: bad action, episode over, ...) travels as its class,
     message and retry-after, so the server raises the same error; anything else is an engine
     failure and travels as text."""
-    from agentgym.errors import AgentGymError
+    from agentgym.contract.errors import AgentGymError
 
     if isinstance(exc, AgentGymError):
         return ("agentgym", type(exc), exc.message, exc.retry_after)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from agentgym.core import TextEnv, resolve_split
-from agentgym.errors import AgentGymError, UnknownTask
+from agentgym.contract.core import TextEnv, resolve_split
+from agentgym.contract.errors import AgentGymError, UnknownTask
 from agentgym.servers.metrics import ServerMetrics
 from agentgym.servers.sessions import Session, SessionManager
 from agentgym.wire import CreateSessionRequest, ResetRequest

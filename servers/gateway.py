@@ -59,7 +59,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as websocket_connect
 from websockets.exceptions import InvalidStatus
 
-from agentgym.errors import (
+from agentgym.contract.errors import (
     AgentGymError,
     AtCapacity,
     EngineError,
@@ -67,7 +67,7 @@ from agentgym.errors import (
     SchemaError,
     UnknownSession,
 )
-from agentgym.inputs import as_integer, decimal
+from agentgym.contract.inputs import as_integer, decimal
 from agentgym.servers.app import install_error_handlers
 from agentgym.servers.middleware import bearer_token, guards, token_matches
 from agentgym.servers.openenv import refuse_session

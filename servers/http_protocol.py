@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from agentgym.errors import AgentGymError, HeadersTooLarge, RequestTimeout
+from agentgym.contract.errors import AgentGymError, HeadersTooLarge, RequestTimeout
 
 try:
     import httptools

@@ -20,9 +20,9 @@ import httpx
 from fastapi import FastAPI
 
 from agentgym import hosting
+from agentgym.contract.sites import serve_app
 from agentgym.servers.app import ServerConfig, create_app
 from agentgym.servers.http_protocol import http_protocol
-from agentgym.sites import serve_app
 
 HTTP_PROTOCOL = http_protocol()
 """uvicorn's ``http`` setting for every server here: httptools, with h11 for requests whose

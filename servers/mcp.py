@@ -46,8 +46,8 @@ from starlette.requests import Request
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from agentgym.core import TextEnv
-from agentgym.errors import AgentGymError, EpisodeOver, UnknownSession
+from agentgym.contract.core import TextEnv
+from agentgym.contract.errors import AgentGymError, EpisodeOver, UnknownSession
 from agentgym.servers.episodes import play_step, reset_kwargs, start_session, task_page
 from agentgym.servers.mcp_admission import (
     MCP_PATH,

@@ -38,7 +38,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from agentgym.errors import AtCapacity, MethodNotAllowed
+from agentgym.contract.errors import AtCapacity, MethodNotAllowed
 from agentgym.servers.middleware import error_response, replay
 
 INVALID_REQUEST = -32600

@@ -20,7 +20,7 @@ from urllib.parse import parse_qs
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from agentgym.errors import AgentGymError, PayloadTooLarge, Unauthorized
+from agentgym.contract.errors import AgentGymError, PayloadTooLarge, Unauthorized
 
 log = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ from typing import Any
 from fastapi import APIRouter, Query, Request, WebSocket, WebSocketDisconnect
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
-from agentgym.core import TextEnv
-from agentgym.errors import (
+from agentgym.contract.core import TextEnv
+from agentgym.contract.errors import (
     AgentGymError,
     AtCapacity,
     InvalidAction,

@@ -19,7 +19,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import EXTERNAL_CLOSE_CODES
 
-from agentgym.errors import InvalidPath
+from agentgym.contract.errors import InvalidPath
 from agentgym.servers.middleware import send_error
 from agentgym.servers.replicas import Replica
 

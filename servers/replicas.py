@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from agentgym.errors import UnknownEnv, UnknownSession
+from agentgym.contract.errors import UnknownEnv, UnknownSession
 
 log = logging.getLogger(__name__)
 

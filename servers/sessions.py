@@ -22,8 +22,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agentgym.core import TextEnv
-from agentgym.errors import AgentGymError, AtCapacity, EngineError, UnknownSession
+from agentgym.contract.core import TextEnv
+from agentgym.contract.errors import AgentGymError, AtCapacity, EngineError, UnknownSession
 from agentgym.hosting import DEFAULT_MAX_SESSIONS
 
 log = logging.getLogger(__name__)

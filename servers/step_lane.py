@@ -25,7 +25,7 @@ from pydantic import TypeAdapter
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from agentgym.errors import AgentGymError
+from agentgym.contract.errors import AgentGymError
 from agentgym.servers.metrics import ServerMetrics
 from agentgym.servers.middleware import error_response, replay, unexpected_error_response
 

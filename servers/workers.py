@@ -34,7 +34,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from agentgym.errors import EngineError
+from agentgym.contract.errors import EngineError
 from agentgym.servers.engine_worker import HEADER, READY, WorkerInit, decode_error, encode_error, frame
 from agentgym.servers.sessions import EngineTimeout
 

@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from agentgym.records.trajectory import Trajectory
 from agentgym.trainers.algorithms import (
     ADVANTAGE_ESTIMATORS,
     BapoConfig,
@@ -32,7 +33,6 @@ from agentgym.trainers.algorithms import (
 from agentgym.trainers.batch import collate, token_record
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.schedules import FixedHorizon, ScalingInterHorizon
-from agentgym.trajectory import Trajectory
 
 T = torch.tensor
 REWARDS = T([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from agentgym.agents.tokens import sampled_versions
+from agentgym.records.trajectory import Trajectory, read_jsonl, read_trajectories
 from agentgym.trainers.loop import Trainer
 from agentgym.trainers.plot import plot_run
-from agentgym.trajectory import Trajectory, read_jsonl, read_trajectories
 from conftest import run_metrics, short_rl_config
 
 

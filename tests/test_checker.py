@@ -14,8 +14,8 @@ import uvicorn
 from fastapi import FastAPI, Request, Response
 from typer.testing import CliRunner
 
-from agentgym.checker import CheckResult, run_checks
 from agentgym.cli import app as cli_app
+from agentgym.conformance.runner import CheckResult, run_checks
 from agentgym.servers.app import ServerConfig
 from agentgym.servers.launcher import free_port, serve_in_thread, wait_healthy
 

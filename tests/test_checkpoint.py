@@ -16,8 +16,8 @@ import torch
 from typer.testing import CliRunner, Result
 
 from agentgym.cli import app
-from agentgym.play_profile import PLAY_FILE, PlayProfile, write_play
-from agentgym.run_folder import MetricsLog, RunDir, rng_state
+from agentgym.play.play_profile import PlayProfile, write_play
+from agentgym.records.run_folder import PLAY_FILE, MetricsLog, RunDir, rng_state
 from agentgym.trainers.config import TrainConfig
 from conftest import TINY_RUN
 

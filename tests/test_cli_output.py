@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from agentgym.cli import app
-from agentgym.trajectory import read_jsonl, read_trajectories
+from agentgym.records.trajectory import read_jsonl, read_trajectories
 from conftest import REPO
 
 runner = CliRunner()

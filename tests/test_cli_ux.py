@@ -32,7 +32,7 @@ from rich.progress import Progress
 from typer.testing import CliRunner
 
 import agentgym.cli.display as cli_module
-import agentgym.gym_adapter  # noqa: F401 - registers agentgym/<name>-v0
+import agentgym.clients.gym_adapter  # noqa: F401 - registers agentgym/<name>-v0
 from agentgym import registry
 from agentgym.cli import app
 from agentgym.envs.choice import ChoiceEnv

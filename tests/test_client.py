@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from agentgym.client import AsyncEnvClient, EnvClient, RetryPolicy
-from agentgym.errors import AtCapacity
+from agentgym.clients.env_client import AsyncEnvClient, EnvClient, RetryPolicy
+from agentgym.contract.errors import AtCapacity
 from agentgym.servers.app import ServerConfig
 from agentgym.servers.launcher import serve_in_thread
 

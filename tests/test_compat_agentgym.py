@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agentgym.core import TextEnv
+from agentgym.contract.core import TextEnv
 from agentgym.registry import make
 from agentgym.servers.app import ServerConfig
 from agentgym.servers.gateway import GatewayConfig, create_gateway_app

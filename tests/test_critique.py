@@ -12,7 +12,10 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from agentgym.critique import (
+from agentgym.envs.math.answers import canonical_answer, is_correct
+from agentgym.envs.math.env import MathEnv
+from agentgym.envs.math.problems import Problem, generate_problem
+from agentgym.play.critique import (
     Outcome,
     critic_messages,
     critique_filtered_vote,
@@ -27,11 +30,8 @@ from agentgym.critique import (
     trajectory_critic_messages,
     voting_accuracy,
 )
-from agentgym.envs.math.answers import canonical_answer, is_correct
-from agentgym.envs.math.env import MathEnv
-from agentgym.envs.math.problems import Problem, generate_problem
 from agentgym.policies.base import Generation, GenerationRequest, Policy, SamplingParams
-from agentgym.trajectory import Trajectory
+from agentgym.records.trajectory import Trajectory
 
 MATH = MathEnv.answer_key
 

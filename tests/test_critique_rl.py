@@ -11,14 +11,14 @@ import torch
 from typer.testing import CliRunner
 
 from agentgym.cli import app
-from agentgym.critique import critique_and_replay, critique_metrics, parse_verdict
 from agentgym.envs.math.answers import is_correct
 from agentgym.envs.math.env import MathEnv
 from agentgym.envs.math.problems import generate_problem
-from agentgym.evaluation import list_tasks
+from agentgym.play.critique import critique_and_replay, critique_metrics, parse_verdict
+from agentgym.play.evaluation import list_tasks
+from agentgym.play.rollout import EpisodeSpec, RolloutConfig
 from agentgym.policies import make_policy
 from agentgym.policies.base import Generation, GenerationRequest, SamplingParams
-from agentgym.rollout import EpisodeSpec, RolloutConfig
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.critique_rl.regime import synthetic_critique
 from agentgym.trainers.loop import Trainer

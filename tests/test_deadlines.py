@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from agentgym import registry
-from agentgym.core import Transition
+from agentgym.contract.core import Transition
 from agentgym.envs.choice import ChoiceEnv
 from agentgym.servers.app import ServerConfig, create_app
 from agentgym.servers.launcher import serve_in_thread

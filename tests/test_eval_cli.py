@@ -17,8 +17,8 @@ import pytest
 from typer.testing import CliRunner
 
 from agentgym.cli import app
+from agentgym.records.trajectory import from_agentgym, read_jsonl, read_trajectories
 from agentgym.servers.launcher import start_server_process, wait_healthy
-from agentgym.trajectory import from_agentgym, read_jsonl, read_trajectories
 
 pytest.importorskip("textworld")
 
@@ -230,8 +230,8 @@ def test_unparsed_replies_and_rejected_actions_are_counted_apart() -> None:
     """A reply that names no action never reaches the env; one the game refuses does: an
     eval that reported only the first showed "invalid 0.000" while the game refused every
     command."""
-    from agentgym.evaluation import outcome_figures
-    from agentgym.trajectory import Trajectory
+    from agentgym.play.evaluation import outcome_figures
+    from agentgym.records.trajectory import Trajectory
 
     # Three turns: "look" played, a reply that did not parse, "dance" that the game refused.
     played = {"actions": ["look", None, "dance"], "turns": 3, "invalid_turns": 2}

@@ -17,11 +17,11 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
-from agentgym.checker import run_checks
 from agentgym.cli import app
 from agentgym.cli.fleet import parse_replica_urls
-from agentgym.client import AsyncEnvClient, EnvClient, RetryPolicy
-from agentgym.errors import AtCapacity, EngineError
+from agentgym.clients.env_client import AsyncEnvClient, EnvClient, RetryPolicy
+from agentgym.conformance.runner import run_checks
+from agentgym.contract.errors import AtCapacity, EngineError
 from agentgym.servers.app import ServerConfig
 from agentgym.servers.launcher import (
     ServerProcess,

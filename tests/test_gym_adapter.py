@@ -1,4 +1,4 @@
-"""``agentgym.gym_adapter``: a Gymnasium env over a live textworld server."""
+"""``agentgym.clients.gym_adapter``: a Gymnasium env over a live textworld server."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import agentgym
-import agentgym.gym_adapter
-from agentgym.gym_adapter import AgentGymEnv, AnyText, gym_id, register_envs
+import agentgym.clients.gym_adapter
+from agentgym.clients.gym_adapter import AgentGymEnv, AnyText, gym_id, register_envs
 
 ENV_ID = "agentgym/textworld-v0"
 
@@ -62,7 +62,7 @@ def test_every_registered_env_has_an_id_and_registration_is_idempotent() -> None
     ids = {gym_id(name) for name in agentgym.names()}
     assert ids <= set(gymnasium.registry)
     with no_gymnasium_warnings():  # registering an id twice would warn
-        importlib.reload(agentgym.gym_adapter)
+        importlib.reload(agentgym.clients.gym_adapter)
         assert set(register_envs()) == ids
     assert gymnasium.spec(ENV_ID).kwargs == {"env_name": "textworld"}
 

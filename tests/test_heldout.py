@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agentgym import cache
+from agentgym.contract import cache
 from agentgym.policies.models import ModelSource
 from agentgym.trainers import heldout, manifest
 
@@ -187,7 +187,7 @@ def test_the_trainer_prints_the_table_and_writes_the_manifest(
 ) -> None:
     """The end of a run, on a run folder whose metrics hold the two evaluations (a
     Trainer set up by hand: no model is loaded, nothing is trained)."""
-    from agentgym.run_folder import MetricsLog
+    from agentgym.records.run_folder import MetricsLog
     from agentgym.trainers.config import TrainConfig
     from agentgym.trainers.loop import Trainer
 

@@ -17,15 +17,15 @@ from typer.testing import CliRunner, Result
 
 from agentgym.agents import shown_order
 from agentgym.cli import app
-from agentgym.client import EnvClient
-from agentgym.evaluation import list_tasks
+from agentgym.clients.env_client import EnvClient
+from agentgym.play.evaluation import list_tasks
+from agentgym.play.rollout import EpisodeSpec, RolloutConfig, run_episodes
 from agentgym.policies.base import Generation, GenerationRequest, SamplingParams
 from agentgym.policies.expert import ExpertPolicy
-from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
+from agentgym.records.trajectory import read_trajectories
 from agentgym.trainers import heldout
 from agentgym.trainers.guards import CollapseGuard
 from agentgym.trainers.services import TokenizedExpert
-from agentgym.trajectory import read_trajectories
 from conftest import all_records, run_metrics
 
 COIN = "tw-coin_collector/level1/s0"
@@ -162,7 +162,7 @@ def test_cloning_takes_the_teachers_won_episodes_and_the_curriculum_the_experts(
     from transformers import AutoTokenizer
 
     from agentgym.policies.models import resolve_model
-    from agentgym.run_folder import RunDir
+    from agentgym.records.run_folder import RunDir
     from agentgym.trainers.config import TrainConfig
     from agentgym.trainers.distributed import DataParallel
     from agentgym.trainers.services import ExpertDemonstrations

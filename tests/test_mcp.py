@@ -1,6 +1,6 @@
 """MCP on every env server and through the gateway, played with the official ``mcp`` SDK's
 client (``streamable_http_client`` + ``ClientSession``), and MCP as a client transport of
-``eval`` and ``train`` (``agentgym.mcp_client``), against our servers and a foreign MCP
+``eval`` and ``train`` (``agentgym.clients.mcp_client``), against our servers and a foreign MCP
 server of the tool contract (docs/mcp.md)."""
 
 from __future__ import annotations
@@ -26,17 +26,17 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from agentgym import registry
-from agentgym.errors import InvalidAction, Unauthorized
-from agentgym.evaluation import EvalConfig, evaluate
-from agentgym.mcp_client import McpEnvClient
-from agentgym.openenv_client import env_client
+from agentgym.clients.mcp_client import McpEnvClient
+from agentgym.clients.openenv_client import env_client
+from agentgym.contract.errors import InvalidAction, Unauthorized
+from agentgym.contract.sites import serve_app
+from agentgym.play.evaluation import EvalConfig, evaluate
+from agentgym.play.rollout import RolloutConfig
 from agentgym.policies.expert import ExpertPolicy
-from agentgym.rollout import RolloutConfig
 from agentgym.servers.app import ServerConfig, create_app
 from agentgym.servers.gateway import GatewayConfig, Replica, create_gateway_app
 from agentgym.servers.launcher import serve_in_thread
 from agentgym.servers.mcp import FIXED_TOOL_NAMES, RESERVED_TOOL_NAMES, action_types
-from agentgym.sites import serve_app
 from agentgym.trainers.loop import split_task_ids
 from conftest import engine_errors
 

@@ -9,6 +9,7 @@ import random
 import pytest
 
 from agentgym.agents.tokens import oldest_version
+from agentgym.records.trajectory import Trajectory
 from agentgym.trainers.offpolicy import (
     PendingGroups,
     ReplayBuffer,
@@ -16,7 +17,6 @@ from agentgym.trainers.offpolicy import (
     staleness,
     token_staleness,
 )
-from agentgym.trajectory import Trajectory
 
 
 def episode(task: str, sample: int, versions: list[int], score: float = 0.0) -> Trajectory:

@@ -2,7 +2,7 @@
 
 The env is a test fixture written with OpenEnv's own classes (``Environment``, ``Action``,
 ``Observation``, ``State``) and served by OpenEnv's own ``create_app`` on loopback; our
-side reaches it only through its ``ws://`` URL (agentgym/openenv_client.py).
+side reaches it only through its ``ws://`` URL (agentgym/clients/openenv_client.py).
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from test_trainer_recipes import train
 from typer.testing import CliRunner
 
 from agentgym.cli import app
-from agentgym.errors import InvalidAction, UnknownTask
-from agentgym.openenv_client import TEST_SEED_BASE, OpenEnvClient
+from agentgym.clients.openenv_client import TEST_SEED_BASE, OpenEnvClient
+from agentgym.contract.errors import InvalidAction, UnknownTask
+from agentgym.play.rollout import EpisodeSpec, RolloutConfig, run_episodes
 from agentgym.policies.expert import ExpertPolicy
-from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
+from agentgym.records.trajectory import read_jsonl
 from agentgym.servers.app import ServerConfig
 from agentgym.servers.launcher import serve_in_thread
-from agentgym.trajectory import read_jsonl
 from conftest import run_metrics
 
 openenv_types = pytest.importorskip("openenv.core.env_server.types")

@@ -17,14 +17,14 @@ pytest.importorskip("textworld")
 pytest.importorskip("transformers")
 
 from agentgym.agents.tokens import encode, sampled_versions
-from agentgym.client import AsyncEnvClient
-from agentgym.errors import UnknownSession
+from agentgym.clients.env_client import AsyncEnvClient
+from agentgym.contract.errors import UnknownSession
+from agentgym.play.rollout import Episode, EpisodeSpec, RolloutConfig, Rollouts, run_episodes
 from agentgym.policies.base import Generation, GenerationRequest, SamplingParams
 from agentgym.policies.hf import HFPolicy
-from agentgym.rollout import Episode, EpisodeSpec, RolloutConfig, Rollouts, run_episodes
+from agentgym.records.trajectory import Trajectory
 from agentgym.servers.app import ServerConfig
 from agentgym.servers.launcher import serve_in_thread
-from agentgym.trajectory import Trajectory
 
 COIN = "tw-coin_collector/level1/s1000000"
 HUNT = "tw-treasure_hunter/level3/s1000005"

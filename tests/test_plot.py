@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentgym.curves import wilson_interval, x_positions
-from agentgym.run_folder import MetricsLog
+from agentgym.records.curves import wilson_interval, x_positions
+from agentgym.records.run_folder import MetricsLog
 from agentgym.trainers.plot import _title, drawn_panels, plot_run
 
 

@@ -22,7 +22,7 @@ pytest.importorskip("transformers")
 
 import torch
 
-from agentgym.cache import cache_dir
+from agentgym.contract.cache import cache_dir
 from agentgym.policies import POLICY_KINDS, make_policy
 from agentgym.policies import models as model_specs
 from agentgym.policies.base import Generation, GenerationRequest, Policy, SamplingParams

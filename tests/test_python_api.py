@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from agentgym.api import evaluate
-from agentgym.evaluation import UsageError
+from agentgym.play.evaluation import UsageError
+from agentgym.records.trajectory import Trajectory, read_trajectories
 from agentgym.trainers import TrainConfig, train
-from agentgym.trajectory import Trajectory, read_trajectories
 from conftest import TINY_RUN
 
 

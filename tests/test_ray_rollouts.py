@@ -11,11 +11,11 @@ import pytest
 from transformers import LlamaForCausalLM
 
 from agentgym.agents.tokens import sampled_versions
+from agentgym.play.rollout import EpisodeSpec, RolloutConfig
 from agentgym.policies.base import SamplingParams
-from agentgym.rollout import EpisodeSpec, RolloutConfig
+from agentgym.records.trajectory import read_trajectories
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.loop import Trainer
-from agentgym.trajectory import read_trajectories
 from conftest import run_metrics
 
 ray = pytest.importorskip("ray", reason="the ray extra is installed by `make test`")

@@ -20,11 +20,11 @@ pytest.importorskip("textworld")
 pytest.importorskip("transformers")
 
 from agentgym.agents.tokens import encode, render
+from agentgym.play.rollout import EpisodeSpec, RolloutConfig, run_episodes
 from agentgym.policies.base import Generation, GenerationRequest, SamplingParams
 from agentgym.policies.expert import ExpertPolicy
 from agentgym.policies.hf import HFPolicy
-from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
-from agentgym.trajectory import (
+from agentgym.records.trajectory import (
     AGENTGYM_ACK,
     Trajectory,
     TrajectoryWriter,

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentgym import make
-from agentgym.client import AsyncEnvClient, EnvClient
+from agentgym.clients.env_client import AsyncEnvClient, EnvClient
 from agentgym.servers.app import ServerConfig, create_app
 from agentgym.servers.launcher import serve_in_thread
 

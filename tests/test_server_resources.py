@@ -9,7 +9,7 @@ import time
 import httpx
 import psutil
 
-from agentgym.client import AsyncEnvClient
+from agentgym.clients.env_client import AsyncEnvClient
 from agentgym.servers.launcher import start_server_process, wait_healthy
 
 MIB = 1024 * 1024

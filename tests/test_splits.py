@@ -20,13 +20,13 @@ from typer.testing import CliRunner
 
 from agentgym import registry
 from agentgym.cli import app
-from agentgym.core import TextEnv
-from agentgym.run_folder import RunDir
+from agentgym.contract.core import TextEnv
+from agentgym.records.run_folder import RunDir
+from agentgym.records.trajectory import read_trajectories
 from agentgym.servers.app import ServerConfig
 from agentgym.servers.launcher import serve_in_thread
 from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.config_files import ENV_LAYER, ENVS_DIR, env_layer
-from agentgym.trajectory import read_trajectories
 from conftest import all_records
 
 BEFORE = json.loads((Path(__file__).parent / "data" / "splits_before.json").read_text())

@@ -20,8 +20,8 @@ from agentgym.cli import app
 from agentgym.policies.base import Generation, GenerationRequest, SamplingParams
 from agentgym.policies.openai import OpenAIPolicy
 from agentgym.policies.openai_server import create_openai_app
+from agentgym.records.trajectory import read_jsonl
 from agentgym.servers.launcher import serve_in_thread
-from agentgym.trajectory import read_jsonl
 
 runner = CliRunner()
 TEXTWORLD = ["go north", "go east", "take coin from table", "look", "look at box", "inventory"]

@@ -23,8 +23,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentgym.api import evaluate
 from agentgym.policies.hf import HFPolicy
+from agentgym.records.trajectory import read_jsonl
 from agentgym.servers.launcher import free_port
-from agentgym.trajectory import read_jsonl
 from conftest import run_cli as cli
 from conftest import run_metrics
 
@@ -204,7 +204,7 @@ def test_eval_records_schema_seed_commit_and_per_challenge_figures(
     assert set(results["by_family"]) == families and all(f in output for f in families), output
     assert all(figures["episodes"] == 1 for figures in results["by_family"].values())
     records = list(read_jsonl(tmp_path / "trajectories.jsonl"))
-    assert [r.get("schema_version") for r in records] == [1] * 4  # agentgym.trajectory.SCHEMA_VERSION
+    assert [r.get("schema_version") for r in records] == [1] * 4  # agentgym.records.trajectory.SCHEMA_VERSION
 
 
 def test_eval_exits_non_zero_when_the_model_is_unreachable(textworld_url: str, tmp_path: Path) -> None:

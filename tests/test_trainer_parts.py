@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from agentgym.run_folder import MetricsLog, RunDir
+from agentgym.records.run_folder import MetricsLog, RunDir
 from agentgym.trainers.batch import collate, sequence_logprobs
 from agentgym.trainers.config import TrainConfig
 from conftest import tiny_llama

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from agentgym.cli import app
-from agentgym.trajectory import Trajectory, read_jsonl, write_trajectories
+from agentgym.records.trajectory import Trajectory, read_jsonl, write_trajectories
 
 datasets = pytest.importorskip("datasets")
 runner = CliRunner()

@@ -19,7 +19,7 @@ import torch
 from test_trainer import LEARNING_STEPS, choice_config
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from agentgym.errors import UsageError
+from agentgym.contract.errors import UsageError
 from agentgym.policies.hf import HFPolicy
 from agentgym.policies.models import LoadedModel, ModelSource
 from agentgym.trainers.algorithms import ADVANTAGE_ESTIMATORS

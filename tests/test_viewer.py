@@ -17,10 +17,10 @@ from typer.testing import CliRunner
 
 from agentgym.cli import app as cli_app
 from agentgym.envs.webshop.browser import CHROMIUM, CHROMIUM_ARGS
+from agentgym.play.rollout import EpisodeSpec, RolloutConfig, run_episodes
 from agentgym.policies.expert import ExpertPolicy
-from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
+from agentgym.records.trajectory import read_jsonl, write_trajectories
 from agentgym.servers.launcher import serve_in_thread
-from agentgym.trajectory import read_jsonl, write_trajectories
 from agentgym.viewer import create_app
 
 

@@ -14,11 +14,11 @@ from typing import Any
 import httpx
 import pytest
 
-from agentgym.curves import wilson_interval
 from agentgym.envs.webshop.browser import CHROMIUM, CHROMIUM_ARGS
+from agentgym.records.curves import wilson_interval
+from agentgym.records.trajectory import Trajectory, write_trajectories
 from agentgym.servers.launcher import serve_in_thread
 from agentgym.trainers.plot import plot_run
-from agentgym.trajectory import Trajectory, write_trajectories
 from agentgym.viewer import create_app
 
 HELD_OUT = 0.125

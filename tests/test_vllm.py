@@ -192,8 +192,8 @@ def test_training_samples_with_vllm_from_the_weights_of_the_step_before(
     weights really arrived; sync mode constrains replies to the valid commands, so the
     learner scores them under the same mask as vLLM sampled them."""
     from agentgym.agents.tokens import sampled_versions
+    from agentgym.records.trajectory import read_trajectories
     from agentgym.trainers.loop import Trainer
-    from agentgym.trajectory import read_trajectories
 
     config = short_rl_config(
         resolve_model("smollm2-135m"),

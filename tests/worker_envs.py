@@ -7,7 +7,7 @@ import ctypes
 import time
 from typing import ClassVar
 
-from agentgym.core import Transition
+from agentgym.contract.core import Transition
 from agentgym.envs.choice import ChoiceEnv
 
 

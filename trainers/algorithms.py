@@ -42,7 +42,7 @@ from torch import Tensor
 from agentgym.trainers.loss_settings import AGGREGATIONS, BapoConfig
 
 if TYPE_CHECKING:
-    from agentgym.trajectory import Trajectory
+    from agentgym.records.trajectory import Trajectory
 
 # ----- the registry: each algorithm registers where it is defined ---------------------
 

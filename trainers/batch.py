@@ -15,8 +15,8 @@ import torch
 from torch import Tensor
 
 from agentgym.policies.chat import next_choice_tokens
+from agentgym.records.trajectory import Trajectory
 from agentgym.trainers.algorithms import agent_turns, token_weights, turn_starts
-from agentgym.trajectory import Trajectory
 
 
 @dataclass

@@ -20,15 +20,15 @@ from typing import Any
 
 import torch
 
-from agentgym.play_profile import PlayProfile
+from agentgym.play.play_profile import PlayProfile
+from agentgym.play.rollout import EpisodeSpec, RolloutConfig
 from agentgym.policies.base import SamplingParams
-from agentgym.rollout import EpisodeSpec, RolloutConfig
+from agentgym.records.trajectory import Trajectory, TrajectoryWriter
 from agentgym.trainers.algorithms import ADVANTAGE_ESTIMATORS, dynamic_sampling_keep, shuffled_advantages
 from agentgym.trainers.distributed import DataParallel
 from agentgym.trainers.generators import Generator
 from agentgym.trainers.learner import Learner
 from agentgym.trainers.offpolicy import PendingGroups, ReplayBuffer, Sample, staleness, token_staleness
-from agentgym.trajectory import Trajectory, TrajectoryWriter
 
 RewardHook = Callable[[Trajectory], float]
 """A custom reward: an episode's outcome score from the finished episode (its messages,

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from agentgym.errors import did_you_mean
+from agentgym.contract.errors import did_you_mean
 from agentgym.policies.adapters import LORA_DEFAULTS
 from agentgym.policies.dtypes import AUTO
 from agentgym.trainers.config_checks import config_problems

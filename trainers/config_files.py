@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 import agentgym.envs
-from agentgym.errors import did_you_mean
+from agentgym.contract.errors import did_you_mean
 from agentgym.trainers.config import TrainConfig, regime_sections
 from agentgym.trainers.presets import PRESETS
 

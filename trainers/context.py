@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentgym.run_folder import RunDir
+from agentgym.records.run_folder import RunDir
 from agentgym.trainers.batch import TokenBatch
 from agentgym.trainers.collector import Collector
 from agentgym.trainers.distributed import DataParallel

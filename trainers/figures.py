@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from agentgym.trajectory import Trajectory
+from agentgym.records.trajectory import Trajectory
 
 
 def rollout_stats(episodes: list[Trajectory]) -> dict[str, Any]:

@@ -13,12 +13,12 @@ from typing import Any, Protocol
 
 import torch
 
+from agentgym.play.rollout import EpisodeSpec, RolloutConfig, Rollouts, run_episodes
 from agentgym.policies.base import Policy
 from agentgym.policies.dtypes import dtype_name
 from agentgym.policies.hf import HFPolicy
-from agentgym.rollout import EpisodeSpec, RolloutConfig, Rollouts, run_episodes
+from agentgym.records.trajectory import Trajectory
 from agentgym.trainers.learner import Learner, adapt
-from agentgym.trajectory import Trajectory
 
 
 class Generator(Protocol):

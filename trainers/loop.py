@@ -27,14 +27,14 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from agentgym.core import resolve_split
-from agentgym.openenv_client import env_client, is_openenv_url, openenv_task_ids
-from agentgym.play_profile import write_play
+from agentgym.clients.openenv_client import env_client, is_openenv_url, openenv_task_ids
+from agentgym.contract.core import resolve_split
+from agentgym.play.play_profile import write_play
 from agentgym.policies.dtypes import dtype_name
 from agentgym.policies.hf import HFPolicy
 from agentgym.progress import make_console
 from agentgym.progress import progress as progress_display
-from agentgym.run_folder import MetricsLog, RunDir
+from agentgym.records.run_folder import MetricsLog, RunDir
 from agentgym.trainers import heldout, manifest
 from agentgym.trainers.collector import Collector, RewardHook, held_out_play
 from agentgym.trainers.config import TrainConfig

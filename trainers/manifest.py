@@ -9,7 +9,7 @@ trainer saves it, and the per-task outcomes of every held-out evaluation. Nothin
 The model's sha256 is the one ``agentgym eval`` records in ``results.json``
 (:meth:`agentgym.policies.models.ModelSource.describe`): over the names and sha256 of the
 files of the model folder loaded (and of the checkpoint merged in, for a run), each file's
-hash cached (:func:`agentgym.cache.file_sha256`).
+hash cached (:func:`agentgym.contract.cache.file_sha256`).
 """
 
 from __future__ import annotations

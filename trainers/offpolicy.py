@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentgym.agents.tokens import NOT_SAMPLED, oldest_version, sampled_versions
-from agentgym.trajectory import Trajectory, read_jsonl
+from agentgym.records.trajectory import Trajectory, read_jsonl
 
 
 def staleness(trajectory: Trajectory, version: int) -> int:

@@ -11,7 +11,16 @@ from typing import Any
 
 import yaml
 
-from agentgym.curves import BY_PHASE, OUTCOMES, PANELS, RATES, X_AXES, held_out_interval, series, x_positions
+from agentgym.records.curves import (
+    BY_PHASE,
+    OUTCOMES,
+    PANELS,
+    RATES,
+    X_AXES,
+    held_out_interval,
+    series,
+    x_positions,
+)
 
 RATE_LIMITS = (-0.02, 1.02)
 """The 0..1 axis, with room for markers at 0 and 1."""
@@ -19,7 +28,7 @@ RATE_LIMITS = (-0.02, 1.02)
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None, x: str = "step") -> Path:
     """Draw every panel that has data and moves; return the PNG's path (default
-    RUN_DIR/curves.png). The x axis counts ``x`` (:data:`~agentgym.curves.X_AXES`: steps,
+    RUN_DIR/curves.png). The x axis counts ``x`` (:data:`~agentgym.records.curves.X_AXES`: steps,
     integers; episodes played; tokens sampled; wall-clock minutes); rate panels span 0..1;
     a dashed line marks where RL starts; held-out success carries its Wilson 95%
     intervals; a loss gets its own axes per phase; panels whose every value is one number
@@ -29,7 +38,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, x: str = "step"
     matplotlib.use("Agg")  # no display on servers
     import matplotlib.pyplot as plt
 
-    from agentgym.run_folder import MetricsLog
+    from agentgym.records.run_folder import MetricsLog
 
     run_dir = Path(run_dir)
     records = MetricsLog(run_dir / "metrics.jsonl").read()

@@ -21,8 +21,8 @@ import os
 from types import ModuleType
 from typing import Any
 
-from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
-from agentgym.trajectory import Trajectory
+from agentgym.play.rollout import EpisodeSpec, RolloutConfig, run_episodes
+from agentgym.records.trajectory import Trajectory
 
 
 class RolloutWorker:

@@ -18,13 +18,13 @@ import time
 from typing import Any
 
 from agentgym.agents.tokens import sampled_versions
+from agentgym.records.trajectory import Trajectory
 from agentgym.trainers.algorithms import weighted_nll
 from agentgym.trainers.batch import collate, token_record
 from agentgym.trainers.context import TrainingContext
 from agentgym.trainers.figures import rollout_stats, seconds_since
 from agentgym.trainers.learner import Learner, PerTokenLoss
 from agentgym.trainers.update import update_policy
-from agentgym.trajectory import Trajectory
 
 # ----- behaviour cloning ---------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentgym.run_folder import MetricSink
+from agentgym.records.run_folder import MetricSink
 
 REPORTERS = ("tensorboard", "wandb")
 WANDB_ID_FILE = "wandb-id"

@@ -12,16 +12,16 @@ import time
 from typing import Any, Protocol
 
 from agentgym.agents import get_format
+from agentgym.play.rollout import EpisodeSpec, run_episodes
 from agentgym.policies.base import Generation, GenerationRequest, SamplingParams
 from agentgym.policies.chat import end_of_turn_id, reply_ids
-from agentgym.rollout import EpisodeSpec, run_episodes
-from agentgym.run_folder import RunDir
+from agentgym.records.run_folder import RunDir
+from agentgym.records.trajectory import Trajectory, TrajectoryWriter, read_trajectories
 from agentgym.trainers.batch import token_record
 from agentgym.trainers.collector import Collector, rollout_config, sampling
 from agentgym.trainers.distributed import DataParallel
 from agentgym.trainers.figures import average, rollout_stats
 from agentgym.trainers.learner import Learner
-from agentgym.trajectory import Trajectory, TrajectoryWriter, read_trajectories
 
 log = logging.getLogger(__name__)
 

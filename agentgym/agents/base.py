@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
+
+Message = dict[str, Any]
+"""A chat message: ``{"role": "system" | "user" | "assistant", "content": str}`` (the
+agent formats write them; policies read them)."""
 
 
 @dataclass(frozen=True)

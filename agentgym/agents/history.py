@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 
-from agentgym.policies.base import Message
+from agentgym.agents.base import Message
 
 MAX_SHOWN_ACTIONS = 48
 """Longer command lists (ScienceWorld's run to thousands) are cut, saying how many are left out."""

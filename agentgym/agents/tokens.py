@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from agentgym.policies.base import Message
+from agentgym.agents.base import Message
 
 log = logging.getLogger(__name__)
 

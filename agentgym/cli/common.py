@@ -16,7 +16,7 @@ import yaml
 from rich.markup import escape
 
 from agentgym import registry
-from agentgym.errors import AgentGymError
+from agentgym.contract.errors import AgentGymError
 from agentgym.progress import make_console, output_width
 
 console = make_console()
@@ -110,8 +110,8 @@ def require_env(name: str, url: str | None = None) -> None:
     """Exit 2 unless ``name`` is a registered env. An OpenEnv server (``url`` a ws:// URL) or
     an MCP server (a URL ending in /mcp) may serve an env of its own: its name is checked
     against the server's instead."""
-    from agentgym.mcp_client import is_mcp_url
-    from agentgym.openenv_client import is_openenv_url
+    from agentgym.clients.mcp_client import is_mcp_url
+    from agentgym.clients.openenv_client import is_openenv_url
 
     if url is not None and (is_openenv_url(url) or is_mcp_url(url)):
         return
@@ -188,7 +188,7 @@ ConstrainActionsOpt = Annotated[
 
 def check_model_loads(kind: str, model: str | None) -> None:
     """Exit 2 within seconds when an hf/vllm ``model`` cannot load here, before any server starts."""
-    from agentgym.evaluation import UsageError, check_policy_model
+    from agentgym.play.evaluation import UsageError, check_policy_model
 
     try:
         check_policy_model(kind, model)

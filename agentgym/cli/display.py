@@ -24,7 +24,7 @@ from agentgym.progress import progress as progress_display
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from agentgym.trajectory import Trajectory
+    from agentgym.records.trajectory import Trajectory
 
 
 class EtaColumn(ProgressColumn):
@@ -136,8 +136,8 @@ def families_table(results: dict[str, Any]) -> Table:
 
 def print_critic_results(env: str, split: str, results: dict[str, Any], out: Path) -> None:
     """``eval --critic``'s figures, then where they were written."""
-    from agentgym.critic_eval import CRITIQUES_FILE
-    from agentgym.evaluation import RESULTS_FILE
+    from agentgym.play.critic_eval import CRITIQUES_FILE
+    from agentgym.play.evaluation import RESULTS_FILE
 
     table = Table(
         "metric", "value", title=f"{env} / {split} / {results['policy']} + critic {results['critic']}"

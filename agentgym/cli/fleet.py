@@ -26,7 +26,7 @@ from agentgym.cli.common import (
     require_env,
     run_uvicorn,
 )
-from agentgym.inputs import decimal
+from agentgym.contract.inputs import decimal
 
 if TYPE_CHECKING:
     from agentgym.servers.launcher import ServerProcess
@@ -388,7 +388,7 @@ def check_env(
     task_id: Annotated[str | None, typer.Option(help="Task to play (default: the first test task).")] = None,
 ) -> None:
     """Check a server against wire API v1, one line per check; exit 1 if any fails."""
-    from agentgym.checker import run_checks
+    from agentgym.conformance.runner import run_checks
 
     table = Table("check", "result", "detail")
     results = run_checks(url, token=token, task_id=task_id)

@@ -56,7 +56,7 @@ def export_trajectories(
     ] = "parquet",
 ) -> None:
     """Write trajectories as Parquet or a Hugging Face datasets dataset, one row per episode."""
-    from agentgym.trajectory_table import export_trajectories as export
+    from agentgym.records.trajectory_table import export_trajectories as export
 
     try:
         written = export(path, out, output_format)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -27,7 +26,6 @@ from agentgym.cli.common import (
     TemperatureOpt,
     TokenOpt,
     ToolCallsOpt,
-    check_model_loads,
     console,
     count_lines,
     fail,
@@ -35,13 +33,12 @@ from agentgym.cli.common import (
     require_env,
 )
 from agentgym.cli.display import episode_progress, families_table, print_critic_results, results_table
-from agentgym.errors import UsageError
+from agentgym.contract.errors import UsageError
 
 if TYPE_CHECKING:
     from agentgym.api import PolicyChoice
-    from agentgym.policies.base import Policy, SamplingParams
-    from agentgym.rollout import RolloutConfig
-    from agentgym.trajectory import Trajectory
+    from agentgym.policies.base import Policy
+    from agentgym.records.trajectory import Trajectory
 
 SPLIT_HELP = "Task split: train, validation (or dev), test, or another the env lists (textworld: ood)."
 
@@ -71,18 +68,6 @@ def _exit_codes() -> Iterator[None]:
         raise fail(str(exc)) from None
 
 
-def _rollout(
-    model: str | None, policy: str, given: dict[str, Any], concurrency: int, temperature: float, **kwargs: Any
-) -> RolloutConfig:
-    """How ``model`` plays (:func:`agentgym.api.play_profile`, saying where the settings came
-    from) as a rollout configuration; exit 2 on bad settings."""
-    from agentgym.api import play_profile
-
-    with _exit_codes():
-        profile = play_profile(model, policy, given, on_note=console.print)
-        return profile.rollout(policy, concurrency=concurrency, temperature=temperature, **kwargs)
-
-
 def _run_policy_job(
     env: str,
     url: str | None,
@@ -102,9 +87,8 @@ def _run_policy_job(
         with shown.bar:
             return await job(server_url, policy, (shown.on_plan, shown.on_episode))
 
-    console.print(f"starting a local {env} server ..." if url is None else f"connecting to {url} ...")
     with _exit_codes():
-        return run_with_policy(env, url, log_dir, token, choice, run)
+        return run_with_policy(env, url, log_dir, token, choice, run, on_note=console.print)
 
 
 EpisodeCallbacks = tuple[Callable[[int, int], None], Callable[["Trajectory"], None]]
@@ -173,8 +157,8 @@ def evaluate_policy(
     voting accuracy). A training run given as --model plays as its held-out evaluation did
     (reply format and length, valid commands shown or constrained, turn limit), unless an
     option says otherwise. Exit code 3: too many episodes failed for infrastructure reasons."""
-    from agentgym.api import PolicyChoice, eval_folder, eval_temperature
-    from agentgym.evaluation import (
+    from agentgym.api import PolicyChoice, eval_folder
+    from agentgym.play.evaluation import (
         EXIT_INFRASTRUCTURE,
         RESULTS_FILE,
         TRAJECTORIES_FILE,
@@ -193,27 +177,20 @@ def evaluate_policy(
         "constrain_actions": constrain_actions,
     }
     choice = PolicyChoice(policy, model, base_url, api_key, concurrency, tool_calls)
-    if critic is not None:
-        from agentgym.registry import serves_problems
-
-        rollout = _rollout(
-            model, policy, given, concurrency, eval_temperature(temperature, k), history_turns=history_turns
-        )
-        check_model_loads(policy, critic)
-        if serves_problems(env):
-            _evaluate_with_critic(env, split, n, k, choice, critic, rollout.sampling, out, url)
-        else:
-            _evaluate_episodes_with_critic(env, split, n, choice, critic, rollout, out, url, token)
-        return
     try:
         results = _evaluate(
-            env, choice, split, n, k, out, url, token, seed, temperature, history_turns, given
+            env, choice, split, n, k, out, url, token, seed, temperature, history_turns, given, critic
         )
     except KeyboardInterrupt:
+        if critic is not None:  # critique rounds keep no resumable episode file
+            raise
         saved = (
             f"{count_lines(out / TRAJECTORIES_FILE)} finished episodes are saved in {out / TRAJECTORIES_FILE}"
         )
         raise interrupted(saved, {"--out": str(out)}) from None
+    if critic is not None:
+        print_critic_results(env, split, results, out)
+        return
     console.print(results_table(results))
     console.print(families_table(results))
     console.print(f"results: {out / RESULTS_FILE}\ntrajectories: {out / TRAJECTORIES_FILE}")
@@ -234,13 +211,13 @@ def _evaluate(
     temperature: float | None,
     history_turns: int | None,
     given: dict[str, Any],
+    critic: str | None,
 ) -> dict[str, Any]:
     """:func:`agentgym.api.evaluate` under an episode progress bar; exit 2 on bad arguments,
     1 when the local server does not start."""
     from agentgym.api import evaluate
 
     shown = episode_progress()
-    console.print(f"starting a local {env} server ..." if url is None else f"connecting to {url} ...")
     with _exit_codes(), shown.bar:
         return evaluate(
             env,
@@ -257,6 +234,7 @@ def _evaluate(
             temperature=temperature,
             history_turns=history_turns,
             play=given,
+            critic=critic,
             policy_args={
                 "base_url": choice.base_url,
                 "api_key": choice.api_key,
@@ -267,78 +245,6 @@ def _evaluate(
             on_resume=shown.on_resume,
             on_note=console.print,
         )
-
-
-def _evaluate_with_critic(
-    env: str,
-    split: str,
-    n: int | None,
-    k: int,
-    choice: PolicyChoice,
-    critic: str,
-    sampling: SamplingParams,
-    out: Path,
-    url: str | None,
-) -> None:
-    """``eval --critic``: the actor (``choice``) and the critic (same backend, model
-    ``critic``) play critique rounds on ``split``'s problems; no env server is involved."""
-    from agentgym.critic_eval import catalogue_problems, evaluate_critic
-
-    if url is not None:
-        raise fail(f"--critic reads the problems from the {env} catalogue itself: drop --url", EXIT_USAGE)
-
-    async def run() -> dict[str, Any]:
-        actor, judge = choice.build(), choice.build(critic)
-        try:
-            return await evaluate_critic(
-                env, actor, judge, catalogue_problems(env, split, n), out, k=k, sampling=sampling
-            )
-        finally:
-            await actor.close()
-            await judge.close()
-
-    with _exit_codes(), console.status("critique rounds ..."):
-        results = asyncio.run(run())
-    print_critic_results(env, split, results, out)
-
-
-def _evaluate_episodes_with_critic(
-    env: str,
-    split: str,
-    n: int | None,
-    choice: PolicyChoice,
-    critic: str,
-    rollout: RolloutConfig,
-    out: Path,
-    url: str | None,
-    token: str | None,
-) -> None:
-    """``eval --critic`` on an agent env: the actor plays episodes, the critic (same backend,
-    model ``critic``) judges each one, the actor replays each task with the critique."""
-    from agentgym.critic_eval import evaluate_episode_critic
-
-    async def job(server_url: str, actor: Policy, callbacks: EpisodeCallbacks) -> dict[str, Any]:
-        judge = choice.build(critic)
-        on_plan, on_episode = callbacks
-        try:
-            return await evaluate_episode_critic(
-                server_url,
-                actor,
-                judge,
-                env,
-                split,
-                n,
-                out,
-                rollout=rollout,
-                token=token,
-                on_plan=on_plan,
-                on_episode=on_episode,
-            )
-        finally:
-            await judge.close()
-
-    results = _run_policy_job(env, url, out / "servers", token, job, choice)
-    print_critic_results(env, split, results, out)
 
 
 @commands.command()
@@ -372,7 +278,7 @@ def collect(
     ] = False,
 ) -> None:
     """Play every task of a split (the expert by default) and write a trajectory dataset."""
-    from agentgym.evaluation import DATASET_FORMATS, collect
+    from agentgym.play.evaluation import DATASET_FORMATS, collect
 
     require_env(env)
     _require_policy(policy)
@@ -381,7 +287,7 @@ def collect(
             f"unknown --format {output_format!r}; choose one of {', '.join(DATASET_FORMATS)}", EXIT_USAGE
         )
     from agentgym.api import PolicyChoice
-    from agentgym.play_profile import PlayProfile
+    from agentgym.play.play_profile import PlayProfile
 
     played = PlayProfile(agent_format=agent_format, max_turns=max_turns, max_new_tokens=max_new_tokens)
     with _exit_codes():

@@ -97,7 +97,7 @@ def train(
         _check_for_trl(resolved, nproc, resume)
     rank = int(os.environ.get("RANK", "0"))  # set by torchrun in each data-parallel process
     if resume and rank == 0:  # before any model loads; a refused resume changes nothing
-        from agentgym.run_folder import RunDir
+        from agentgym.records.run_folder import RunDir
 
         try:
             RunDir(run_dir, create=False).resume_checkpoint()
@@ -150,7 +150,7 @@ ENGINES = ("ours", "trl")
 
 def _check_for_trl(config: TrainConfig, nproc: int, resume: bool) -> None:
     """Refuse what TRL cannot run, before any model loads (exit 2)."""
-    from agentgym.errors import UsageError
+    from agentgym.contract.errors import UsageError
 
     if resume:
         raise fail("--resume: a run on --engine trl does not resume yet; start it again in a new --out", 2)
@@ -189,7 +189,7 @@ def _train_on_trl(config: TrainConfig, run_dir: Path, nproc: int) -> None:
 
 
 def _what_a_resume_keeps(run_dir: Path) -> str:
-    from agentgym.run_folder import RunDir
+    from agentgym.records.run_folder import RunDir
 
     newest = RunDir(run_dir, create=False).latest_checkpoint()
     if newest is None:

@@ -14,8 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-Message = dict[str, Any]
-"""A chat message: ``{"role": "system" | "user" | "assistant", "content": str}``."""
+from agentgym.agents.base import Message
 
 
 @dataclass(frozen=True)

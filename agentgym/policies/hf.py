@@ -21,7 +21,7 @@ from agentgym.policies.batching import BatcherStats, ContinuousBatcher
 from agentgym.policies.chat import chat_prompt_ids, choice_ids, end_of_turn_id, stop_token_ids
 from agentgym.policies.dtypes import resolve_dtype
 from agentgym.policies.models import DEFAULT_MODEL, LoadedModel, ModelSource, load_causal_lm
-from agentgym.policies.runs import played_by
+from agentgym.policies.runs import trained_dtype
 from agentgym.policies.sampling import token_logprobs
 
 
@@ -56,8 +56,9 @@ class HFPolicy:
         name: str | None = None,
     ) -> None:
         device_ = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        trained = played.dtype if (played := played_by(model)) else None
-        loaded = load_causal_lm(model, dtype=resolve_dtype(dtype, device_, trained), device=str(device_))
+        loaded = load_causal_lm(
+            model, dtype=resolve_dtype(dtype, device_, trained_dtype(model)), device=str(device_)
+        )
         self._attach(loaded, name or model, max_batch_size, batch_wait_ms, prefix_cache)
 
     @classmethod

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentgym.cache import cache_dir, file_sha256
+from agentgym.contract.cache import cache_dir, file_sha256
 from agentgym.policies import runs
 
 log = logging.getLogger(__name__)

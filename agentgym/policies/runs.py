@@ -15,9 +15,15 @@ from typing import Any
 
 import yaml
 
-from agentgym.play_profile import PlayProfile, read_play
 from agentgym.policies.adapters import LoraSettings, adapt
-from agentgym.run_folder import CHECKPOINTS, RunDir, checkpoint_problem, load_trainable
+from agentgym.records.run_folder import (
+    CHECKPOINTS,
+    PLAY_FILE,
+    RunDir,
+    checkpoint_problem,
+    load_trainable,
+    read_json_object,
+)
 
 RUN_CONFIG = "config.yaml"
 LORA_FIELDS = tuple(field.name for field in fields(LoraSettings))
@@ -59,12 +65,19 @@ def run_of(spec: str | Path | None) -> Path | None:
     return None
 
 
-def played_by(spec: str | Path | None) -> PlayProfile | None:
-    """How the training run or exported model ``spec`` played its held-out evaluations (its
-    play record); None for any other model, and for a run from before the play record
-    (:func:`agentgym.api.recorded_play` reads those from their config)."""
-    folder = run_of(spec) or (Path(spec) if spec is not None and Path(spec).is_dir() else None)
-    return read_play(folder) if folder is not None else None
+def record_folder(spec: str | Path | None) -> Path | None:
+    """Where the training run or exported model ``spec`` keeps its play record (its run
+    folder, or the exported folder); None for a hub id or alias."""
+    return run_of(spec) or (Path(spec) if spec is not None and Path(spec).is_dir() else None)
+
+
+def trained_dtype(spec: str | Path | None) -> str | None:
+    """The dtype the run or exported model ``spec`` trained in, from its play record; None
+    for any other model and for records from before the dtype was kept."""
+    folder = record_folder(spec)
+    record = read_json_object(folder / PLAY_FILE) if folder is not None else None
+    dtype = record.get("dtype") if record is not None else None
+    return dtype if isinstance(dtype, str) else None
 
 
 def find_checkpoint(spec: str | Path, step: int | None = None) -> RunCheckpoint | None:

@@ -28,8 +28,8 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from agentgym.curves import BY_PHASE, PANELS, RATES, with_intervals
-from agentgym.errors import AgentGymError, NotFound
+from agentgym.contract.errors import AgentGymError, NotFound
+from agentgym.records.curves import BY_PHASE, PANELS, RATES, with_intervals
 from agentgym.viewer.episode import episode_view
 from agentgym.viewer.index import EpisodeFilter, EpisodeIndex, page, read_metrics
 from agentgym.viewer.tokens import TokenDecoder, load_decoder

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentgym.trajectory import is_trajectory_record, jsonl_files, sniff_trajectory_file, step_of
+from agentgym.records.trajectory import is_trajectory_record, jsonl_files, sniff_trajectory_file, step_of
 from agentgym.viewer.episode import check_record
 
 log = logging.getLogger(__name__)

@@ -7,6 +7,6 @@ It answers ``/create`` with ``{"id": N}``, reads ``id`` and ``data_idx``, and it
 
 from __future__ import annotations
 
-from agentgym.dialects import Dialect, closed_true
+from agentgym.contract.dialects import Dialect, closed_true
 
 BABYAI_DIALECT = Dialect(close=closed_true)

@@ -22,8 +22,8 @@ import gymnasium
 import minigrid  # noqa: F401 - registers the BabyAI levels with Gymnasium
 from minigrid.envs.babyai.core import roomgrid_level
 
-from agentgym.core import Task, TaskListsMixin, TextEnv, Transition
-from agentgym.dialects import Dialect
+from agentgym.contract.core import Task, TaskListsMixin, TextEnv, Transition
+from agentgym.contract.dialects import Dialect
 from agentgym.envs.babyai.dialect import BABYAI_DIALECT
 from agentgym.envs.babyai.expert import Expert
 from agentgym.envs.babyai.levels import agentgym_task_id, build_split, gym_id, parse_task_id

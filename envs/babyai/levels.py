@@ -11,9 +11,9 @@ order of :data:`LEVELS`) from seed ``data_idx // 40``: :func:`agentgym_task_id`.
 
 from __future__ import annotations
 
-from agentgym.core import Task
-from agentgym.errors import UnknownTask
-from agentgym.inputs import decimal
+from agentgym.contract.core import Task
+from agentgym.contract.errors import UnknownTask
+from agentgym.contract.inputs import decimal
 
 LEVELS: tuple[str, ...] = (
     "GoToRedBallGrey", "GoToRedBall", "GoToRedBallNoDists", "GoToObjS6", "GoToLocalS8N7",

@@ -12,7 +12,7 @@ import random
 import re
 from typing import Any, ClassVar
 
-from agentgym.core import Task, TaskListsMixin, TextEnv, Transition
+from agentgym.contract.core import Task, TaskListsMixin, TextEnv, Transition
 
 DEFAULT_OPTIONS = ("red", "green", "blue", "yellow")
 SPLIT_SEEDS = {"train": 0, "validation": 500_000, "test": 1_000_000}

@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from agentgym.core import MAX_ACTION_CHARS, Task, TaskListsMixin, TextEnv, Transition
+from agentgym.contract.core import MAX_ACTION_CHARS, Task, TaskListsMixin, TextEnv, Transition
 from agentgym.envs.math.answers import (
     answers_match,
     canonical_answer,
@@ -35,7 +35,7 @@ DataPaths = str | os.PathLike[str] | Mapping[str, str | os.PathLike[str]]
 
 
 class MathAnswers:
-    """The math env's :class:`~agentgym.problems.AnswerKey`: "The answer is N" (or ``####``,
+    """The math env's :class:`~agentgym.contract.problems.AnswerKey`: "The answer is N" (or ``####``,
     ``\\boxed{}``), numbers compared exactly as rationals, symbolic answers as normalized text."""
 
     instruction = INSTRUCTION
@@ -63,7 +63,7 @@ class MathEnv(TaskListsMixin, TextEnv):
 
     name: ClassVar[str] = "math"
     answer_key: ClassVar[MathAnswers] = MathAnswers()
-    """How its answers are read and checked (the critique protocol reads it, :mod:`agentgym.problems`)."""
+    """How its answers are read and checked (the critique protocol reads it, :mod:`agentgym.contract.problems`)."""
     description: ClassVar[str] = (
         "Math word problems (generated multi-step arithmetic, or GSM8K/MATH files): reward 1 when the "
         "final answer is right."

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentgym.contract.problems import Problem
 from agentgym.envs.math.answers import last_boxed
-from agentgym.problems import Problem
 
 # ----- the generator --------------------------------------------------------------------
 

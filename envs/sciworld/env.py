@@ -16,8 +16,9 @@ from typing import Any, ClassVar
 
 from py4j.protocol import Py4JError
 
-from agentgym.core import Task, TextEnv, Transition, resolve_split
-from agentgym.dialects import Dialect, closed_true
+from agentgym.contract.core import Task, TextEnv, Transition, resolve_split
+from agentgym.contract.dialects import Dialect, closed_true
+from agentgym.contract.errors import SchemaError, UnknownTask
 from agentgym.envs.sciworld.gold import GOLD_PATHS
 from agentgym.envs.sciworld.jvm import Jvm, JvmFailed, JvmPool, JvmSettings, default_max_live, jvm_pool
 from agentgym.envs.sciworld.tasks import (
@@ -30,7 +31,6 @@ from agentgym.envs.sciworld.tasks import (
     resolve_types,
     split_of,
 )
-from agentgym.errors import SchemaError, UnknownTask
 
 WARM_START_S = 120.0
 """How long a server's start waits for its warm JVMs (then it serves, and they keep starting)."""

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from agentgym.cache import cache_dir
+from agentgym.contract.cache import cache_dir
 from agentgym.envs.sciworld.jvm import Jvm, JvmSettings
 from agentgym.envs.sciworld.tasks import TASK_TYPES
 

@@ -12,7 +12,7 @@ instance, and nothing caps the number of JVMs. Here a :class:`JvmPool` owns them
   replaces a taken spare waits for a quiet moment (``top_up_quiet_s``) so that it does
   not compete with the resets of a burst of sessions;
 * at most ``max_live`` JVMs exist (busy + idle + starting); one more acquire raises
-  :class:`~agentgym.errors.AtCapacity` (HTTP 429);
+  :class:`~agentgym.contract.errors.AtCapacity` (HTTP 429);
 * a released JVM goes back to the idle list unless it died, hit ``recycle_after``
   episodes, or ``max_idle`` are idle already, in which case it is shut down, so memory
   stays bounded over long runs; an acquire takes the idle JVM that served the most
@@ -40,7 +40,7 @@ import psutil
 from py4j.java_gateway import GatewayParameters, JavaGateway, launch_gateway
 from scienceworld.constants import BASEPATH, JAR_PATH
 
-from agentgym.errors import AtCapacity, EngineError
+from agentgym.contract.errors import AtCapacity, EngineError
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ splits in three contiguous blocks (train first, then dev, then test); the table 
 records those sizes as the engine reports them (``getVariationsTrain/Dev/Test``), so
 listing tasks never needs a JVM. ``envs/sciworld/tests/test_sciworld.py`` checks the table
 against the engine. ScienceWorld's ``dev`` block is agentgym's ``validation`` split;
-``dev`` stays accepted wherever a split is named (:data:`agentgym.core.SPLIT_ALIASES`).
+``dev`` stays accepted wherever a split is named (:data:`agentgym.contract.core.SPLIT_ALIASES`).
 
 A split's task list is laid out round-robin over the task types (a type drops out once
 its variations in the split are used up), so any prefix mixes the types.
@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
-from agentgym.core import Task, resolve_split
-from agentgym.errors import UnknownTask
-from agentgym.inputs import decimal
+from agentgym.contract.core import Task, resolve_split
+from agentgym.contract.errors import UnknownTask
+from agentgym.contract.inputs import decimal
 
 SPLITS = ("train", "validation", "test")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentgym.dialects import Dialect, bare_id, closed_true
+from agentgym.contract.dialects import Dialect, bare_id, closed_true
 
 
 def _reset(observation: str) -> str:

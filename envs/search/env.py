@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from agentgym.cache import cache_dir as agentgym_cache_dir
-from agentgym.core import Task, TaskListsMixin, TextEnv, Transition
-from agentgym.dialects import Dialect
+from agentgym.contract.cache import cache_dir as agentgym_cache_dir
+from agentgym.contract.core import Task, TaskListsMixin, TextEnv, Transition
+from agentgym.contract.dialects import Dialect
 from agentgym.envs.search.answers import exact_match, f1_score, normalize_answer
 from agentgym.envs.search.data import Question
 from agentgym.envs.search.dialect import SEARCHQA_DIALECT

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentgym.core import Task
+from agentgym.contract.core import Task
 from agentgym.envs.search.data import Passage, Question, read_corpus, read_questions
 from agentgym.envs.search.index import Bm25Index, open_index
 from agentgym.envs.search.kb import GENERATOR_VERSION, KnowledgeBase

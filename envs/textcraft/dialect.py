@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentgym.dialects import Dialect, closed_true
+from agentgym.contract.dialects import Dialect, closed_true
 
 
 def _created(compat_id: int, observation: str) -> dict[str, Any]:

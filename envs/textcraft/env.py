@@ -11,8 +11,8 @@ from __future__ import annotations
 import random
 from typing import Any, ClassVar
 
-from agentgym.core import Task, TaskListsMixin, TextEnv, Transition
-from agentgym.dialects import Dialect
+from agentgym.contract.core import Task, TaskListsMixin, TextEnv, Transition
+from agentgym.contract.dialects import Dialect
 from agentgym.envs.textcraft.crafting import Recipes, display_name, recipes
 from agentgym.envs.textcraft.dialect import TEXTCRAFT_DIALECT
 

@@ -17,11 +17,11 @@ from typing import Any, ClassVar
 
 import textworld
 
-from agentgym.cache import cache_dir as agentgym_cache_dir
-from agentgym.core import ActionRules, Task, TaskListsMixin, TextEnv, Transition
+from agentgym.contract.cache import cache_dir as agentgym_cache_dir
+from agentgym.contract.core import ActionRules, Task, TaskListsMixin, TextEnv, Transition
+from agentgym.contract.errors import InvalidAction
 from agentgym.envs.textworld.store import GameStore, game_store
 from agentgym.envs.textworld.tasks import DIFFICULTIES, HARDER, build_tasks, game_spec
-from agentgym.errors import InvalidAction
 
 DEFAULT_CHALLENGES = ("tw-coin_collector", "tw-treasure_hunter", "tw-simple", "tw-cooking")
 DEFAULT_MAX_TURNS = {"easy": 30, "medium": 50, "hard": 80}
@@ -128,7 +128,7 @@ class TextWorldEnv(TaskListsMixin, TextEnv):
         n_train / n_validation / n_test: tasks per split (own seed ranges, see ``tasks.py``).
         n_ood: tasks of the ``ood`` split, the out-of-distribution panel: the next harder
             difficulty's presets on held-out seeds (none for ``hard``).
-        cache_dir: where compiled games live (default: ``$AGENTGYM_CACHE/textworld``, see :func:`agentgym.cache.cache_dir`).
+        cache_dir: where compiled games live (default: ``$AGENTGYM_CACHE/textworld``, see :func:`agentgym.contract.cache.cache_dir`).
         max_turns: turn limit (default by difficulty: 30 / 50 / 80).
         workers: generation processes for this cache folder (shared by all instances).
         prefetch: whether :meth:`warm_up` queues every train and test game in the background.

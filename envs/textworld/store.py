@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentgym.contract.errors import EngineError
 from agentgym.envs.textworld.worker import GAME_FILE
-from agentgym.errors import EngineError
 
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 ON_DEMAND, PREFETCH = 0, 1

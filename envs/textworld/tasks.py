@@ -28,7 +28,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agentgym.core import Task
+from agentgym.contract.core import Task
 from agentgym.envs.textworld.store import GameSpec
 
 TEST_SEED_OFFSET = 1_000_000

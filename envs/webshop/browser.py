@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from agentgym.errors import EngineError
+from agentgym.contract.errors import EngineError
 
 CHROMIUM = "/usr/bin/chromium"
 """Debian's chromium: ``playwright install`` cannot download browsers on offline machines."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentgym.dialects import Dialect, bare_id
+from agentgym.contract.dialects import Dialect, bare_id
 
 
 def _step_fields(observation: str) -> dict[str, Any]:

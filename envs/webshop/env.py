@@ -19,9 +19,11 @@ from typing import Any, ClassVar
 
 import httpx
 
-from agentgym.cache import cache_dir as agentgym_cache_dir
-from agentgym.core import WEB_PREFIX, Task, TaskListsMixin, TextEnv, Transition
-from agentgym.dialects import Dialect
+from agentgym.contract.cache import cache_dir as agentgym_cache_dir
+from agentgym.contract.core import WEB_PREFIX, Task, TaskListsMixin, TextEnv, Transition
+from agentgym.contract.dialects import Dialect
+from agentgym.contract.errors import EngineError, UnknownTask
+from agentgym.contract.inputs import decimal
 from agentgym.envs.webshop.browser import BrowserTab, Snapshot, browser_worker
 from agentgym.envs.webshop.dialect import WEBSHOP_DIALECT
 from agentgym.envs.webshop.goals import Goal
@@ -39,8 +41,6 @@ from agentgym.envs.webshop.shop import (
 )
 from agentgym.envs.webshop.site import local_site_url, site_router
 from agentgym.envs.webshop.world import CatalogSource, World, shared_world
-from agentgym.errors import EngineError, UnknownTask
-from agentgym.inputs import decimal
 
 MODES = ("text", "browser")
 SEARCH_ACTION = "search[<query>]"

@@ -29,12 +29,12 @@ from urllib.parse import parse_qs, urlencode
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from agentgym.core import WEB_PREFIX
+from agentgym.contract.core import WEB_PREFIX
+from agentgym.contract.errors import UnknownTask
+from agentgym.contract.inputs import decimal
+from agentgym.contract.sites import serve_app
 from agentgym.envs.webshop.shop import BACK, BUY, DETAILS, NEXT, PREV, PageModel, ShopState, next_state
 from agentgym.envs.webshop.world import World
-from agentgym.errors import UnknownTask
-from agentgym.inputs import decimal
-from agentgym.sites import serve_app
 
 LANDING_TASKS = 20
 """Tasks per split linked from the landing page."""
@@ -49,7 +49,7 @@ a.option.selected{background:#222;color:#fff} #reward{font-size:1.4rem;font-weig
 
 
 def site_router(world: World) -> APIRouter:
-    """Routes of the shop website, relative to :data:`~agentgym.core.WEB_PREFIX`."""
+    """Routes of the shop website, relative to :data:`~agentgym.contract.core.WEB_PREFIX`."""
     router = APIRouter()
 
     @router.get("/", response_class=HTMLResponse)

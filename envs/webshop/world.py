@@ -15,13 +15,13 @@ import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from agentgym.core import Task
+from agentgym.contract.core import Task
+from agentgym.contract.errors import UnknownTask
 from agentgym.envs.webshop.catalog import Product, generate_catalog
 from agentgym.envs.webshop.goals import Goal, generate_goals, purchase_reward
 from agentgym.envs.webshop.original import load_human_goals, load_products
 from agentgym.envs.webshop.search import INDEX_LAYOUT, SearchIndex
 from agentgym.envs.webshop.shop import MAX_RESULTS, PageModel, ShopState
-from agentgym.errors import UnknownTask
 
 GENERATOR_VERSION = "1"
 """Bump when the generator's output changes, so cached indexes of old catalogs are not reused."""

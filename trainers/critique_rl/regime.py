@@ -18,11 +18,11 @@ from typing import Any
 import torch
 
 from agentgym import registry
-from agentgym.critique import CritiqueRecord, critic_messages, critique_metrics, critique_round
+from agentgym.contract.problems import AnswerKey, Problem
+from agentgym.play.critique import CritiqueRecord, critic_messages, critique_metrics, critique_round
 from agentgym.policies.base import Generation, GenerationRequest, Message, SamplingParams
 from agentgym.policies.chat import end_of_turn_id, reply_ids
 from agentgym.policies.hf import HFPolicy
-from agentgym.problems import AnswerKey, Problem
 from agentgym.registry import answer_key
 from agentgym.trainers.algorithms import ADVANTAGE_ESTIMATORS
 from agentgym.trainers.batch import collate
@@ -208,7 +208,7 @@ class CritiqueRL:
     def evaluate(self, step: int, split: str = "test") -> dict[str, Any]:
         """Greedy critique rounds on the first ``eval_tasks`` test problems (or the first
         ``val_tasks`` validation problems, ``split="validation"``): every
-        :func:`~agentgym.critique.critique_metrics` figure as ``eval_<name>`` (``val_<name>``),
+        :func:`~agentgym.play.critique.critique_metrics` figure as ``eval_<name>`` (``val_<name>``),
         and Acc@Refine as ``eval_success_rate`` (``val_success_rate``): the actor's success
         with the critic in the loop."""
         config = self.run.config

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from agentgym.errors import AgentGymError
+from agentgym.contract.errors import AgentGymError
 from agentgym.registry import answer_key
 from agentgym.trainers.config_checks import clipped_family_only
 

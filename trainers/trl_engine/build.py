@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from agentgym.errors import UsageError
+from agentgym.contract.errors import UsageError
 from agentgym.trainers.presets import CLIPPED_RL
 
 UNSUPPORTED = {

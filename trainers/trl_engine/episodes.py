@@ -24,14 +24,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from agentgym.episode import EpisodeSpec
+from agentgym.play.episode import EpisodeSpec
+from agentgym.play.rollout import run_episodes
 from agentgym.policies.hf import HFPolicy
 from agentgym.policies.models import LoadedModel, ModelSource
-from agentgym.rollout import run_episodes
+from agentgym.records.trajectory import Trajectory
 from agentgym.trainers.batch import allowed_at_positions
 from agentgym.trainers.collector import rollout_config, sampling
 from agentgym.trainers.schedules import schedule_of
-from agentgym.trajectory import Trajectory
 
 
 @dataclass

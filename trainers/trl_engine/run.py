@@ -21,10 +21,10 @@ from typing import Any
 from accelerate.utils import gather_object
 from transformers import TrainerCallback
 
-from agentgym.play_profile import write_play
+from agentgym.play.play_profile import write_play
+from agentgym.play.rollout import EpisodeSpec, run_episodes
 from agentgym.policies.dtypes import dtype_name
-from agentgym.rollout import EpisodeSpec, run_episodes
-from agentgym.run_folder import MetricsLog, RunDir
+from agentgym.records.run_folder import MetricsLog, RunDir
 from agentgym.trainers import heldout, manifest
 from agentgym.trainers.collector import held_out_play, rollout_config, sampling, write_step_episodes
 from agentgym.trainers.figures import rollout_stats

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from agentgym.contract.errors import UnknownTask
 from agentgym.envs.babyai import BabyAIEnv
 from agentgym.envs.babyai.levels import EXCLUDED, LEVELS, OFFERED, SPLIT_SEEDS
-from agentgym.errors import UnknownTask
 
 
 @pytest.fixture(scope="module")

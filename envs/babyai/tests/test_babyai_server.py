@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agentgym.checker import run_checks
+from agentgym.conformance.runner import run_checks
 from agentgym.envs.babyai import BabyAIEnv
 from agentgym.servers.app import ServerConfig
 from agentgym.servers.launcher import serve_in_thread

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from agentgym import make
-from agentgym.checker import run_checks
-from agentgym.errors import EpisodeOver
+from agentgym.conformance.runner import run_checks
+from agentgym.contract.errors import EpisodeOver
 from agentgym.servers.app import ServerConfig
 from agentgym.servers.launcher import serve_in_thread
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from agentgym import make
-from agentgym.checker import run_checks
-from agentgym.client import EnvClient
+from agentgym.clients.env_client import EnvClient
+from agentgym.conformance.runner import run_checks
+from agentgym.contract.errors import EpisodeOver
 from agentgym.envs.math.answers import answers_match, canonical_answer, extract_answer, parse_number
 from agentgym.envs.math.problems import DIFFICULTIES, generate_problem, load_problems
-from agentgym.errors import EpisodeOver
 from agentgym.servers.app import ServerConfig
 from agentgym.servers.launcher import serve_in_thread
 
@@ -174,8 +174,8 @@ def test_the_expert_solves_math_in_every_agent_format(agent_format: str) -> None
     multi-line solution was cut to its first line by react and refused by plain)."""
     import asyncio
 
+    from agentgym.play.rollout import EpisodeSpec, RolloutConfig, run_episodes
     from agentgym.policies.expert import ExpertPolicy
-    from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
 
     with serve_in_thread(ServerConfig(env="math", env_config={"n_train": 4, "n_test": 12})) as url:
         with EnvClient(url) as client:

@@ -24,11 +24,11 @@ import pytest
 
 pytest.importorskip("scienceworld")
 
+from agentgym.contract.errors import AtCapacity, SchemaError, UnknownTask
 from agentgym.envs.sciworld import SciWorldEnv, gold
 from agentgym.envs.sciworld.gold import GOLD_PATHS, GoldPaths
 from agentgym.envs.sciworld.jvm import NON_HEAP_MB, JvmFailed, JvmSettings, rss_with_children, shutdown_pools
 from agentgym.envs.sciworld.tasks import TASK_TYPES, agentgym_task_id, parse_task_id
-from agentgym.errors import AtCapacity, SchemaError, UnknownTask
 from agentgym.servers.app import ServerConfig, create_app
 from agentgym.servers.launcher import serve_in_thread
 

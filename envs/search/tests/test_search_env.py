@@ -12,14 +12,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agentgym.checker import run_checks
+from agentgym.conformance.runner import run_checks
+from agentgym.contract.errors import EpisodeOver, UnknownTask
 from agentgym.envs.search import SearchEnv
 from agentgym.envs.search.answers import exact_match, f1_score, normalize_answer
 from agentgym.envs.search.data import read_corpus, read_questions
 from agentgym.envs.search.env import parse_action
 from agentgym.envs.search.index import open_index
 from agentgym.envs.search.kb import SIZES, TEST_SEED_OFFSET, KnowledgeBase
-from agentgym.errors import EpisodeOver, UnknownTask
 from agentgym.servers.app import ServerConfig
 from agentgym.servers.launcher import serve_in_thread
 

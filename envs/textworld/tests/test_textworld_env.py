@@ -19,10 +19,10 @@ pytest.importorskip("textworld")
 
 from textworld.generator.game import Game
 
+from agentgym.contract.errors import EpisodeOver, InvalidAction, UnknownTask
 from agentgym.envs.textworld import TextWorldEnv
 from agentgym.envs.textworld.env import clean_feedback
 from agentgym.envs.textworld.tasks import TEST_SEED_OFFSET
-from agentgym.errors import EpisodeOver, InvalidAction, UnknownTask
 
 # Jericho warns on every load of a TextWorld game; the env filters it, pytest re-enables it.
 pytestmark = pytest.mark.filterwarnings("ignore:Game .* is not fully supported")

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("tantivy")
 
-from agentgym.client import EnvClient
+from agentgym.clients.env_client import EnvClient
 from agentgym.envs.webshop import WebShopEnv
 from agentgym.envs.webshop.catalog import Product, generate_catalog
 from agentgym.envs.webshop.goals import (

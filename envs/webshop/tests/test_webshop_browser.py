@@ -13,10 +13,10 @@ import pytest
 pytest.importorskip("tantivy")
 pytest.importorskip("playwright")
 
-from agentgym.client import EnvClient
+from agentgym.clients.env_client import EnvClient
+from agentgym.contract.errors import EngineError
 from agentgym.envs.webshop import WebShopEnv
 from agentgym.envs.webshop.browser import CHROMIUM, browser_worker
-from agentgym.errors import EngineError
 from agentgym.servers.app import ServerConfig
 from agentgym.servers.launcher import serve_in_thread
 

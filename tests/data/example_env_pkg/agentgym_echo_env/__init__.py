@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from agentgym.core import Task, TaskListsMixin, TextEnv, Transition
+from agentgym.contract.core import Task, TaskListsMixin, TextEnv, Transition
 
 WORDS = ("apple", "river", "stone", "cloud", "ember", "maple")
 

@@ -20,7 +20,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
-from agentgym.errors import InvalidAction, SchemaError
+from agentgym.contract.errors import InvalidAction, SchemaError
 
 MAX_ACTION_CHARS = 2000
 MAX_TURNS_LIMIT = 100_000

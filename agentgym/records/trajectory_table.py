@@ -3,7 +3,7 @@
 ``agentgym export-trajectories PATH --format parquet|hf --out DIR`` reads a trajectory JSONL
 file (``collect``'s output, an eval's ``trajectories.jsonl``) or every trajectory file under a
 folder (an eval folder, a training run's ``rollouts/step-N.jsonl``) and writes one row per
-episode: every field of :class:`~agentgym.trajectory.Trajectory` with one fixed Arrow schema
+episode: every field of :class:`~agentgym.records.trajectory.Trajectory` with one fixed Arrow schema
 (so exports of different runs concatenate), plus ``source`` (the file, relative to
 ``PATH``) and ``step`` (the training step of a rollout file, else null).
 """
@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from agentgym.trajectory import Trajectory, read_trajectories, step_of, trajectory_files
+from agentgym.records.trajectory import Trajectory, read_trajectories, step_of, trajectory_files
 
 FORMATS = ("parquet", "hf")
 PARQUET_FILE = "trajectories.parquet"

@@ -7,7 +7,7 @@ An environment is a text-in, text-out episode runner with Gymnasium semantics:
 * ``step(action) -> (observation, reward, terminated, truncated, info)`` plays one turn.
   ``terminated`` means the task ended (won or lost); ``truncated`` means the turn limit
   (``max_turns``, overridable per episode with ``options={"max_turns": N}``) cut it.
-  Stepping a finished episode raises :class:`~agentgym.errors.EpisodeOver`.
+  Stepping a finished episode raises :class:`~agentgym.contract.errors.EpisodeOver`.
 * ``info`` always carries ``task_id``, ``turn``, ``score`` (task progress in [0, 1]) and
   ``success`` (bool), plus ``available_actions`` when the engine knows them.
 
@@ -27,8 +27,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from agentgym.errors import EpisodeOver, UnknownTask
-from agentgym.inputs import MAX_ACTION_CHARS, ActionRules, check_common_options, clean_action
+from agentgym.contract.errors import EpisodeOver, UnknownTask
+from agentgym.contract.inputs import MAX_ACTION_CHARS, ActionRules, check_common_options, clean_action
 
 __all__ = [
     "MAX_ACTION_CHARS",
@@ -94,7 +94,7 @@ class TextEnv(abc.ABC):
     reward_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
     default_max_turns: ClassVar[int] = 30
     action_rules: ClassVar[ActionRules] = ActionRules()
-    """What the engine accepts as an action (see :mod:`agentgym.inputs`)."""
+    """What the engine accepts as an action (see :mod:`agentgym.contract.inputs`)."""
     engine_process: ClassVar[bool] = False
     """Servers host this env's engines in worker processes (``agentgym.servers.workers``):
     set it for native or heavy engines, whose crash or hang must not take the server down."""

@@ -1,6 +1,6 @@
 """How a model is played: one type for the settings a run's held-out evaluation used, the
 ones ``eval`` and :func:`agentgym.api.evaluate` play with, and the run folder's record of
-them (``play.json``, beside the format in :mod:`agentgym.run_folder`).
+them (``play.json``, beside the format in :mod:`agentgym.records.run_folder`).
 
 A trained model is played as it was trained (its reply format and length, the valid
 commands shown or constrained, the turn limit); any other model gets :class:`PlayProfile`'s
@@ -20,15 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from agentgym.agents import ACTION_ORDERS, FORMATS
-from agentgym.episode import RolloutConfig
-from agentgym.errors import UsageError
+from agentgym.contract.errors import UsageError
+from agentgym.play.episode import RolloutConfig
 from agentgym.policies import CONSTRAINING_KINDS
 from agentgym.policies.base import SamplingParams
-from agentgym.run_folder import atomic_write_text, read_json_object
-
-PLAY_FILE = "play.json"
-"""A run's (or an exported model's) :class:`PlayProfile`: written by the trainer, copied by
-``export``, read by ``eval --model`` so a trained model is played as it was trained."""
+from agentgym.policies.runs import record_folder
+from agentgym.records.run_folder import PLAY_FILE, atomic_write_text, read_json_object
 
 
 @dataclass(frozen=True)
@@ -135,3 +132,11 @@ def read_play(folder: Path) -> PlayProfile | None:
     record = read_json_object(Path(folder) / PLAY_FILE)
     required = {*PlayProfile.settings(), "temperature"}
     return PlayProfile.from_record(record) if record is not None and required <= set(record) else None
+
+
+def played_by(spec: str | Path | None) -> PlayProfile | None:
+    """How the training run or exported model ``spec`` played its held-out evaluations (its
+    play record); None for any other model, and for a run from before the play record
+    (:func:`agentgym.api.recorded_play` reads those from their config)."""
+    folder = record_folder(spec)
+    return read_play(folder) if folder is not None else None

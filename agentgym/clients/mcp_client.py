@@ -1,5 +1,5 @@
 """Any MCP server of AgentGym's tool contract as an AgentGym env server: :class:`McpEnvClient`
-has the async interface of :class:`agentgym.client.AsyncEnvClient` that rollouts, ``eval``
+has the async interface of :class:`agentgym.clients.env_client.AsyncEnvClient` that rollouts, ``eval``
 and ``train`` use, and plays each episode in an MCP session of its own (the official SDK's
 streamable HTTP client).
 
@@ -38,8 +38,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel
 
-from agentgym.client import RetryPolicy
-from agentgym.errors import (
+from agentgym.clients.env_client import RetryPolicy
+from agentgym.contract.errors import (
     AgentGymError,
     EngineError,
     InvalidAction,
@@ -129,7 +129,7 @@ class _McpEpisode:
 
 
 class McpEnvClient:
-    """An MCP server of AgentGym's tool contract behind :class:`~agentgym.client.AsyncEnvClient`'s
+    """An MCP server of AgentGym's tool contract behind :class:`~agentgym.clients.env_client.AsyncEnvClient`'s
     interface (``health``, ``metadata``, ``tasks``, ``create``, ``step``, ``delete``, ``close``)."""
 
     def __init__(

@@ -30,10 +30,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agentgym.contract.problems import AnswerKey, Problem
+from agentgym.play.rollout import EpisodeSpec, RolloutConfig, run_episodes
 from agentgym.policies.base import Generation, GenerationRequest, Message, Policy, SamplingParams
-from agentgym.problems import AnswerKey, Problem
-from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
-from agentgym.trajectory import Trajectory
+from agentgym.records.trajectory import Trajectory
 
 STAGE2_VERDICT_WEIGHT = 0.2
 """β1 of Critique-RL's Stage II: the weight of the discrimination reward."""
@@ -69,7 +69,7 @@ _NEGATIVE = ("not", "incorrect", "wrong", "false")
 
 def actor_messages(question: str, instruction: str) -> list[Message]:
     """The actor's first attempt at ``question``, under the env's ``instruction``
-    (:attr:`AnswerKey.instruction <agentgym.problems.AnswerKey.instruction>`)."""
+    (:attr:`AnswerKey.instruction <agentgym.contract.problems.AnswerKey.instruction>`)."""
     return [{"role": "system", "content": instruction}, {"role": "user", "content": f"Question: {question}"}]
 
 
@@ -90,7 +90,7 @@ def refine_messages(question: str, answer: str, critique: str, instruction: str)
 
 
 def trajectory_critic_messages(messages: Sequence[Message]) -> list[Message]:
-    """The critic's prompt for an agent episode (a :class:`~agentgym.trajectory.Trajectory`'s
+    """The critic's prompt for an agent episode (a :class:`~agentgym.records.trajectory.Trajectory`'s
     ``messages``): the agent's instructions, then every observation and action in order."""
     lines = []
     for message in messages:

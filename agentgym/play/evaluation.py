@@ -33,13 +33,13 @@ from typing import Any
 
 import httpx
 
-from agentgym.client import RetryPolicy
-from agentgym.errors import AgentGymError, UsageError
-from agentgym.openenv_client import env_client
+from agentgym.clients.env_client import RetryPolicy
+from agentgym.clients.openenv_client import env_client
+from agentgym.contract.errors import AgentGymError, UsageError
+from agentgym.play.rollout import EpisodeSpec, RolloutConfig, run_episodes
 from agentgym.policies import POLICY_KINDS, Policy, make_policy
-from agentgym.rollout import EpisodeSpec, RolloutConfig, run_episodes
-from agentgym.run_folder import read_json_object
-from agentgym.trajectory import Trajectory, TrajectoryWriter, read_jsonl, read_trajectories
+from agentgym.records.run_folder import read_json_object
+from agentgym.records.trajectory import Trajectory, TrajectoryWriter, read_jsonl, read_trajectories
 from agentgym.wire import Metadata
 
 log = logging.getLogger(__name__)
@@ -331,7 +331,7 @@ def infrastructure_failure(results: dict[str, Any], max_error_rate: float = MAX_
 
 def source_revision() -> dict[str, Any]:
     """The git commit of this code and whether the work tree differs from it (None outside git)."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]  # the checkout (agentgym/play/ is two down)
 
     def git(*args: str) -> str | None:
         try:
@@ -462,7 +462,7 @@ async def collect(
     it lacks (those not written before are played again). Returns ``{"episodes",
     "written", "errored", "kept"}``: this call's episodes, and the split's tasks ``out``
     already held."""
-    from agentgym.trajectory import to_agentgym
+    from agentgym.records.trajectory import to_agentgym
 
     if output_format not in DATASET_FORMATS:
         raise UsageError(

@@ -2,7 +2,7 @@
 
 The HTTP counterpart of Gymnasium's ``utils/env_checker.py``: :func:`run_checks` plays
 the contract of wire API v1 (docs/api.md) against a live server written in any language.
-It speaks raw HTTP through ``httpx`` rather than :class:`agentgym.client.EnvClient`, so a
+It speaks raw HTTP through ``httpx`` rather than :class:`agentgym.clients.env_client.EnvClient`, so a
 client that papers over a protocol slip cannot hide it.
 
 Contract of the checker itself:
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from agentgym.checks import CHECKS, TIMEOUT_S, Check, CheckFailed, CheckRun
+from agentgym.conformance.checks import CHECKS, TIMEOUT_S, Check, CheckFailed, CheckRun
 
 
 @dataclass(frozen=True)

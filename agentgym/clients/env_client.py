@@ -2,7 +2,7 @@
 
 Both pool connections, time out, retry with exponential backoff and return the typed
 models of :mod:`agentgym.wire`. Server errors come back as the exceptions of
-:mod:`agentgym.errors` (``UnknownSession``, ``EpisodeOver``, ...); transport failures as
+:mod:`agentgym.contract.errors` (``UnknownSession``, ``EpisodeOver``, ...); transport failures as
 httpx's (``httpx.ConnectError``, ``httpx.ReadTimeout``, ... all ``httpx.TransportError``),
 whichever library carried the request.
 
@@ -26,7 +26,7 @@ import aiohttp
 import httpx
 from pydantic import BaseModel
 
-from agentgym.errors import AgentGymError, error_from_body
+from agentgym.contract.errors import AgentGymError, error_from_body
 from agentgym.wire import (
     Health,
     Metadata,

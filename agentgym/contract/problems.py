@@ -2,7 +2,7 @@
 judges, and the answer key of the env that serves them.
 
 An env of such tasks (``math``) serves :class:`Problem`\\s and sets ``answer_key`` on its
-class; Critique-RL, ``eval --critic`` and :mod:`agentgym.critique` read both through this
+class; Critique-RL, ``eval --critic`` and :mod:`agentgym.play.critique` read both through this
 contract and never import a particular env.
 """
 

@@ -1,4 +1,4 @@
-"""The checks ``agentgym check-env`` runs (:mod:`agentgym.checker` runs them), in order.
+"""The checks ``agentgym check-env`` runs (:mod:`agentgym.conformance.runner` runs them), in order.
 
 Each check is a function of the run's state registered with :func:`check`; it returns a
 summary of what it saw or raises :class:`CheckFailed` saying how the server broke wire API

@@ -1,5 +1,5 @@
 """Any OpenEnv environment as an AgentGym env server: :class:`OpenEnvClient` has the
-async interface of :class:`agentgym.client.AsyncEnvClient` that rollouts, ``eval`` and
+async interface of :class:`agentgym.clients.env_client.AsyncEnvClient` that rollouts, ``eval`` and
 ``train`` use, and plays each episode over one OpenEnv WebSocket session (``/ws``).
 
 A WebSocket URL (``ws://`` or ``wss://``) names an OpenEnv server everywhere an env URL is
@@ -16,7 +16,7 @@ taken (``agentgym eval --url ws://host:port``, ``train --set env_url=ws://host:p
   text the agent sees; with none, the observation as JSON. Its other fields go into
   ``info`` (an ``info`` object is merged in: AgentGym servers put v1's info there).
 * **Tool-calling envs** (OpenEnv's ``MCPEnvironment``, whose action is a ``CallToolAction``):
-  replies become tool calls, results the text (:mod:`agentgym.openenv_tools`).
+  replies become tool calls, results the text (:mod:`agentgym.clients.openenv_tools`).
 * **Rewards and outcome.** Rewards pass through; ``score`` is the env's, else the episode's
   reward so far; ``success`` is the env's, else an episode that ended (``done``) with a
   positive score. ``done`` is ``terminated`` unless the env says ``truncated``.
@@ -37,9 +37,11 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as websocket_connect
 from websockets.exceptions import InvalidStatus, WebSocketException
 
-from agentgym.client import AsyncEnvClient, RetryPolicy
-from agentgym.core import resolve_split
-from agentgym.errors import (
+from agentgym.clients.env_client import AsyncEnvClient, RetryPolicy
+from agentgym.clients.mcp_client import McpEnvClient, is_mcp_url
+from agentgym.clients.openenv_tools import is_tool_action, tool_call, tool_result_text, tool_signatures
+from agentgym.contract.core import resolve_split
+from agentgym.contract.errors import (
     AgentGymError,
     AtCapacity,
     EngineError,
@@ -49,8 +51,6 @@ from agentgym.errors import (
     UnknownTask,
     error_from_body,
 )
-from agentgym.mcp_client import McpEnvClient, is_mcp_url
-from agentgym.openenv_tools import is_tool_action, tool_call, tool_result_text, tool_signatures
 from agentgym.wire import Health, Metadata, SessionCreated, StepResult, TaskInfo, TaskList
 
 TASKS_PER_SPLIT = 100
@@ -103,7 +103,7 @@ class _OpenEnvEpisode:
 
 
 class OpenEnvClient:
-    """An OpenEnv server behind :class:`~agentgym.client.AsyncEnvClient`'s interface
+    """An OpenEnv server behind :class:`~agentgym.clients.env_client.AsyncEnvClient`'s interface
     (``health``, ``metadata``, ``tasks``, ``create``, ``step``, ``delete``, ``close``)."""
 
     def __init__(

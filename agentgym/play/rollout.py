@@ -28,10 +28,10 @@ import asyncio
 from collections.abc import Callable, Iterable
 
 from agentgym.agents import get_format
-from agentgym.episode import Episode, EpisodeSpec, RolloutConfig, RunContext, TurnBarrier
-from agentgym.openenv_client import AnyEnvClient, env_client
+from agentgym.clients.openenv_client import AnyEnvClient, env_client
+from agentgym.play.episode import Episode, EpisodeSpec, RolloutConfig, RunContext, TurnBarrier
 from agentgym.policies.base import Policy
-from agentgym.trajectory import Trajectory
+from agentgym.records.trajectory import Trajectory
 from agentgym.wire import Metadata
 
 __all__ = ["Episode", "EpisodeSpec", "RolloutConfig", "Rollouts", "run_episodes"]

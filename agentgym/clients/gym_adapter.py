@@ -4,7 +4,7 @@ Importing this module registers ``agentgym/<name>-v0`` with Gymnasium for every
 environment in :func:`agentgym.registry.names`, so::
 
     import gymnasium
-    import agentgym.gym_adapter  # noqa: F401 - registers the ids
+    import agentgym.clients.gym_adapter  # noqa: F401 - registers the ids
 
     env = gymnasium.make("agentgym/textworld-v0", base_url="http://127.0.0.1:8101")
     observation, info = env.reset(seed=0)
@@ -26,9 +26,9 @@ import httpx
 from gymnasium import spaces
 
 from agentgym import registry
-from agentgym.client import EnvClient
-from agentgym.core import MAX_ACTION_CHARS
-from agentgym.errors import UnknownSession
+from agentgym.clients.env_client import EnvClient
+from agentgym.contract.core import MAX_ACTION_CHARS
+from agentgym.contract.errors import UnknownSession
 
 MAX_OBSERVATION_CHARS = 1 << 20
 """Upper bound of the observation space; real observations are far shorter."""
@@ -129,7 +129,7 @@ class AgentGymEnv(gym.Env[str, str]):
         return created.observation, created.info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        """Play one action; server errors raise :mod:`agentgym.errors` (e.g. ``EpisodeOver``)."""
+        """Play one action; server errors raise :mod:`agentgym.contract.errors` (e.g. ``EpisodeOver``)."""
         if self._session_id is None:
             raise gym.error.ResetNeeded("call reset() before step()")
         result = self._client.step(self._session_id, action)

@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from agentgym import registry
-from agentgym.critique import critique_and_replay, critique_metrics, critique_round, voting_accuracy
-from agentgym.errors import AgentGymError
-from agentgym.evaluation import RESULTS_FILE, UsageError, list_tasks, write_json
+from agentgym.contract.errors import AgentGymError
+from agentgym.contract.problems import Problem
+from agentgym.play.critique import critique_and_replay, critique_metrics, critique_round, voting_accuracy
+from agentgym.play.evaluation import RESULTS_FILE, UsageError, list_tasks, write_json
+from agentgym.play.rollout import EpisodeSpec, RolloutConfig
 from agentgym.policies.base import Policy, SamplingParams
-from agentgym.problems import Problem
-from agentgym.rollout import EpisodeSpec, RolloutConfig
-from agentgym.trajectory import Trajectory
+from agentgym.records.trajectory import Trajectory
 
 CRITIQUES_FILE = "critiques.jsonl"
 
@@ -47,7 +47,7 @@ async def evaluate_critic(
     """Test-time critique-then-refine: ``k`` answers per problem, one critique each, a
     refinement where the critic says anything but Correct. Writes every record to
     ``<out>/critiques.jsonl`` and returns the results (also ``<out>/results.json``): the
-    :func:`~agentgym.critique.critique_metrics` figures and, for ``k > 1``, plain and
+    :func:`~agentgym.play.critique.critique_metrics` figures and, for ``k > 1``, plain and
     critique-filtered majority-vote accuracy. Not resumable: a re-run replaces both files."""
     start = time.perf_counter()
     key = registry.answer_key(env)
@@ -88,7 +88,7 @@ async def evaluate_episode_critic(
     ``split``, the critic judges each episode, the actor replays each task with the critique
     (``on_plan(total, done)`` and ``on_episode`` see both the episodes and the replays).
     Writes ``<out>/critiques.jsonl`` (episode, critique, verdict, replay) and returns the
-    :func:`~agentgym.critique.critique_metrics` figures (also ``<out>/results.json``)."""
+    :func:`~agentgym.play.critique.critique_metrics` figures (also ``<out>/results.json``)."""
     start = time.perf_counter()
     specs = [EpisodeSpec(task, split=split) for task in await list_tasks(url, split, n, token)]
     if on_plan:

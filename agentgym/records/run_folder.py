@@ -44,6 +44,10 @@ FORMAT = "agentgym-checkpoint/2"  # in each manifest; format 1 is the manifest-l
 LEGACY_FILES = ("trainable.pt", "optimizer.pt", "state.json")
 STEP_PREFIX = "step-"
 BEST_BY = "val_success_rate"
+PLAY_FILE = "play.json"
+"""How a run (or an exported model) is played, :class:`agentgym.play.play_profile.PlayProfile`'s
+record: written by the trainer, copied by ``export``, read by ``eval --model`` so a trained
+model is played as it was trained, and by the model's loader for the dtype it trained in."""
 """The metric the best checkpoint is chosen by: validation success, never the test panel's."""
 log = logging.getLogger(__name__)
 
@@ -409,7 +413,7 @@ class MetricsLog:
         return [record for _, record in self._lines()]
 
 
-# ----- metrics records (their curves: agentgym/curves.py) -----------------------------
+# ----- metrics records (their curves: agentgym/records/curves.py) -----------------------------
 
 
 class MetricSink(Protocol):

@@ -1,7 +1,7 @@
 """One episode: how episodes are played (:class:`RolloutConfig`), which one
 (:class:`EpisodeSpec`), and its state and turn loop (:class:`Episode`).
 
-:mod:`agentgym.rollout` runs many of these at once; an :class:`Episode` turns env, policy
+:mod:`agentgym.play.rollout` runs many of these at once; an :class:`Episode` turns env, policy
 and parse failures into its own ``end_reason`` and never raises them (see that module).
 """
 
@@ -21,11 +21,11 @@ import httpx
 
 from agentgym.agents import DEFAULT_FORMAT, AgentFormat, window, with_actions
 from agentgym.agents.tokens import TokenContext, oldest_version
-from agentgym.client import RetryPolicy
-from agentgym.errors import AgentGymError, InvalidAction
-from agentgym.openenv_client import AnyEnvClient
+from agentgym.clients.env_client import RetryPolicy
+from agentgym.clients.openenv_client import AnyEnvClient
+from agentgym.contract.errors import AgentGymError, InvalidAction
 from agentgym.policies.base import Generation, GenerationRequest, Policy, SamplingParams
-from agentgym.trajectory import Trajectory
+from agentgym.records.trajectory import Trajectory
 from agentgym.wire import Metadata, StepResult
 
 log = logging.getLogger(__name__)

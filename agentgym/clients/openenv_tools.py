@@ -1,4 +1,4 @@
-"""OpenEnv's MCP environments (``MCPEnvironment``) through :class:`~agentgym.openenv_client.OpenEnvClient`.
+"""OpenEnv's MCP environments (``MCPEnvironment``) through :class:`~agentgym.clients.openenv_client.OpenEnvClient`.
 
 Such an env's action is a tool call (``CallToolAction``: ``tool_name`` and an
 ``arguments`` object), not one text field, and each call answers a
@@ -19,7 +19,7 @@ import json
 import re
 from typing import Any
 
-from agentgym.errors import InvalidAction
+from agentgym.contract.errors import InvalidAction
 
 _TYPED = re.compile(r"(?P<verb>[A-Za-z_][\w-]*)\[(?P<text>.*)\]", re.DOTALL)
 FALLBACK_TOOL = "act"
