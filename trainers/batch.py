@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from agentgym.policies.batching import last_position_only
 from agentgym.policies.chat import next_choice_tokens
 from agentgym.records.trajectory import Trajectory
 from agentgym.trainers.algorithms import agent_turns, token_weights, turn_starts
@@ -204,7 +205,13 @@ def sequence_logprobs(
     where = {"attention_mask": attention_mask} if position_ids is None else {"position_ids": position_ids}
     # No KV cache: scoring never decodes, and transformers reads packed rows from
     # position_ids only when the forward has no cache.
-    out = model(input_ids=input_ids, **where, use_cache=False, output_hidden_states=True, logits_to_keep=1)
+    out = model(
+        input_ids=input_ids,
+        **where,
+        use_cache=False,
+        output_hidden_states=True,
+        logits_to_keep=last_position_only(input_ids),
+    )
     wanted = positions[:, 1:].bool()  # token t is predicted by the hidden state at t-1
     hidden = out.hidden_states[-1][:, :-1][wanted]  # the final (normed) layer, as lm_head sees it
     # A data-parallel wrapper (DDP, as accelerate wraps TRL's model) runs the forward but has

@@ -68,6 +68,17 @@ log = logging.getLogger(__name__)
 CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
+def last_position_only(input_ids: torch.Tensor) -> torch.Tensor:
+    """``logits_to_keep`` for the last position alone, as an index rather than ``1``.
+
+    With ``1`` the model slices its hidden states (``[:, -1:]``) and hands the output layer a
+    strided view; torch 2.13's bfloat16 matmul on CPU takes that view about 150 times slower
+    than a contiguous copy (16 rows of 300 tokens: 0.95 s against 6 ms for SmolLM2's head).
+    An index tensor makes transformers gather the rows, a contiguous copy; the logits are
+    the same."""
+    return torch.tensor([input_ids.shape[1] - 1], device=input_ids.device)
+
+
 @dataclass
 class BatcherStats:
     """Counters for logs, benchmarks and tests."""
@@ -399,7 +410,7 @@ class ContinuousBatcher:
             attention_mask=mask,
             position_ids=positions,
             use_cache=True,
-            logits_to_keep=1,
+            logits_to_keep=last_position_only(ids),
             **past,
         )
         return out[CACHE], out.logits[:, -1, :]
