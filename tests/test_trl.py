@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from agentgym.contract.errors import UsageError
 from agentgym.policies.hf import HFPolicy
 from agentgym.policies.models import LoadedModel, ModelSource
+from agentgym.records.run_folder import MetricsLog
 from agentgym.trainers.algorithms import ADVANTAGE_ESTIMATORS
 from agentgym.trainers.batch import TokenBatch, per_token
 from agentgym.trainers.config import TrainConfig
@@ -31,6 +32,7 @@ from agentgym.trainers.loop import split_task_ids
 from agentgym.trainers.trl_engine.build import check_for_trl, grpo_args, trl_trainer
 from agentgym.trainers.trl_engine.episodes import EnvEpisodes
 from agentgym.trainers.trl_engine.grpo import AgentGymGRPOTrainer
+from agentgym.trainers.trl_engine.run import train_on_trl
 from agentgym.trainers.update import clipped_update
 from conftest import REPO, all_records, run_cli
 
@@ -299,3 +301,63 @@ def test_train_engine_trl_refuses_what_trl_cannot_run_before_loading_a_model() -
     assert code == 2 and "cannot run on TRL" in output and "curriculum: 'fits-horizon'" in output, output
     code, output = run_cli("train", "--engine", "nope")
     assert code == 2 and "--engine must be one of ours, trl" in output, output
+
+
+def test_the_docs_example_trains_on_trl(choice_url: str, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """``docs/examples/trl_bapo.py`` as a user runs it (the tiny model, one step)."""
+    example = [sys.executable, str(REPO / "docs" / "examples" / "trl_bapo.py"), "--url", choice_url,
+               "--model", str(tiny_model_dir), "--steps", "1", "--out", str(tmp_path / "trl")]  # fmt: skip
+    done = subprocess.run(
+        example, capture_output=True, text=True, timeout=300, env=os.environ | {"OMP_NUM_THREADS": "1"}
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "optimizer step 1: reward" in done.stdout, done.stdout
+
+
+TINY_TRL = {"algo": "bapo", "env": "choice", "bc_steps": 0, "curriculum": "all", "schedule": "fixed",
+            "max_turns": 1, "steps": 1, "tasks_per_step": 2, "group_size": 2, "minibatch_size": 4,
+            "micro_batch_size": 2, "max_new_tokens": 4, "agent_format": "plain", "eval_tasks": 2,
+            "loss_aggregation": "token-mean", "report_to": []}  # fmt: skip
+"""One round of BAPO on ``choice`` with the tiny model: 4 episodes, one optimizer step."""
+
+
+def test_train_engine_trl_in_two_processes_writes_one_run(
+    choice_url: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """``agentgym train --engine trl --nproc 2``: two processes under ``accelerate launch``
+    (gloo on CPU) each play half of a round; the run folder holds one record of the whole
+    round, its episodes, a checkpoint and the held-out panel, as one process writes it."""
+    run = tmp_path / "run"
+    settings = TINY_TRL | {"env_url": choice_url, "model": str(tiny_model_dir), "micro_batch_size": 2}
+    flags = [arg for key, value in settings.items() for arg in ("--set", f"{key}={json.dumps(value)}")]
+    code, output = run_cli("train", "--engine", "trl", "--nproc", "2", "--out", str(run), *flags)
+    assert code == 0, output
+    start, step = all_records(run)
+    assert start["step"] == 0 and "eval_success_rate" in start
+    assert step["step"] == 1 and step["episodes"] == 4 and "eval_success_rate" in step  # both ranks' halves
+    assert len((run / "rollouts" / "step-000001.jsonl").read_text().splitlines()) == 4
+    assert (run / "checkpoints" / "step-000001").is_dir() and (run / "manifest.json").exists()
+
+
+def test_a_trl_run_resumes_from_its_newest_round(
+    choice_url: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """``train --engine trl --resume`` continues from TRL's checkpoint of the last round: its
+    optimizer step count and Adam state carry on, a record logged after that checkpoint
+    (a crash between the two) is cut and the round trained again, no record is repeated."""
+    config = TrainConfig(
+        **TINY_TRL, env_url=choice_url, model=str(tiny_model_dir), output_dir=str(tmp_path / "run")
+    )
+    run = train_on_trl(config, tmp_path / "run")
+    config.with_overrides({"steps": 3}).save(run / "config.yaml")  # the run meant to go on
+    MetricsLog(run / "metrics.jsonl").log({"step": 2, "phase": "rl", "torn": True})  # logged, never saved
+    code, output = run_cli("train", "--engine", "trl", "--resume", "--out", str(run))
+    assert code == 0, output
+    records = all_records(run)
+    assert [r["step"] for r in records] == [0, 1, 2, 3] and not any(r.get("torn") for r in records)
+    assert "eval_success_rate" in records[0] and "eval_success_rate" in records[-1]
+    state = json.loads((run / "checkpoints" / "step-000003" / "state.json").read_text())
+    assert state["trl_global_step"] == 3  # one optimizer step a round, counted on from the checkpoint
+    (newest,) = (run / "trl").glob("checkpoint-*")
+    optimizer = torch.load(newest / "optimizer.pt", weights_only=False)
+    assert {int(s["step"]) for s in optimizer["state"].values()} == {3}  # Adam's count carried on

@@ -94,7 +94,7 @@ def train(
         return
     run_dir = Path(resolved.output_dir)
     if engine == "trl":
-        _check_for_trl(resolved, nproc, resume)
+        _check_for_trl(resolved, nproc)
     rank = int(os.environ.get("RANK", "0"))  # set by torchrun in each data-parallel process
     if resume and rank == 0:  # before any model loads; a refused resume changes nothing
         from agentgym.records.run_folder import RunDir
@@ -119,7 +119,7 @@ def train(
             f"run folder: {run_dir}  ({resolved.algo}, {resolved.schedule} schedule, {resolved.env})"
         )
     if engine == "trl":
-        _train_on_trl(resolved, run_dir, nproc)
+        _train_on_trl(resolved, run_dir, nproc, resume)
         return
     if nproc > 1 and "WORLD_SIZE" not in os.environ:
         _launch_data_parallel(nproc, resolved, run_dir, resume)
@@ -148,12 +148,10 @@ ENGINES = ("ours", "trl")
 """What ``--engine`` takes: our trainer, or TRL's ``GRPOTrainer`` with our plug-ins."""
 
 
-def _check_for_trl(config: TrainConfig, nproc: int, resume: bool) -> None:
+def _check_for_trl(config: TrainConfig, nproc: int) -> None:
     """Refuse what TRL cannot run, before any model loads (exit 2)."""
     from agentgym.contract.errors import UsageError
 
-    if resume:
-        raise fail("--resume: a run on --engine trl does not resume yet; start it again in a new --out", 2)
     try:
         from agentgym.trainers.trl_engine.build import check_for_trl
 
@@ -166,7 +164,7 @@ def _check_for_trl(config: TrainConfig, nproc: int, resume: bool) -> None:
         raise fail(str(exc), 2) from None
 
 
-def _train_on_trl(config: TrainConfig, run_dir: Path, nproc: int) -> None:
+def _train_on_trl(config: TrainConfig, run_dir: Path, nproc: int, resume: bool) -> None:
     """Train on TRL: in this process, or ``nproc`` under ``accelerate launch``."""
     from agentgym.trainers.trl_engine.run import launch_command, train_on_trl
 
@@ -175,14 +173,12 @@ def _train_on_trl(config: TrainConfig, run_dir: Path, nproc: int) -> None:
         if nproc > 1:
             run_dir.mkdir(parents=True, exist_ok=True)
             config.save(run_dir / "config.yaml")
-            if code := subprocess.call(launch_command(nproc, run_dir)):
+            if code := subprocess.call(launch_command(nproc, run_dir, resume)):
                 raise fail(f"training on TRL failed (exit code {code}); see the messages above", 1)
         else:
-            train_on_trl(config, run_dir)
+            train_on_trl(config, run_dir, resume)
     except KeyboardInterrupt:
-        raise fail(
-            f"interrupted: {_what_a_resume_keeps(run_dir)}; a TRL run starts again in a new --out", 130
-        ) from None
+        raise interrupted(_what_a_resume_keeps(run_dir), {"--out": str(run_dir), "--resume": None}) from None
     console.print(
         f"done in {time.perf_counter() - started:.0f}s on TRL: metrics {run_dir / 'metrics.jsonl'}, {_plot(run_dir)}"
     )

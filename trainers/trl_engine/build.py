@@ -11,6 +11,8 @@ optimizer steps, so the horizon of round ``k`` is our schedule's at step ``k + 1
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +42,8 @@ class Layout:
     per_device: int
     accumulation: int
     steps_per_generation: int
+    per_round: int
+    """Optimizer steps a generation round (one of our steps) takes."""
     max_steps: int
 
 
@@ -56,8 +60,10 @@ def layout(config: Any, processes: int = 1) -> Layout:
         )
     accumulation = config.minibatch_size // rows_per_step
     steps_per_generation = episodes // rows_per_step
-    optimizer_steps = episodes // config.minibatch_size * config.ppo_epochs
-    return Layout(config.micro_batch_size, accumulation, steps_per_generation, config.steps * optimizer_steps)
+    per_round = episodes // config.minibatch_size * config.ppo_epochs
+    return Layout(
+        config.micro_batch_size, accumulation, steps_per_generation, per_round, config.steps * per_round
+    )
 
 
 def check_for_trl(config: Any, processes: int = 1) -> Layout:
@@ -132,16 +138,10 @@ def trl_trainer(config: Any, url: str, train_tasks: list[str], args: Any) -> Any
     from datasets import Dataset
 
     from agentgym.policies.adapters import adapt
-    from agentgym.policies.dtypes import resolve_dtype
-    from agentgym.policies.models import load_causal_lm
     from agentgym.trainers.trl_engine.episodes import EnvEpisodes
     from agentgym.trainers.trl_engine.grpo import AgentGymGRPOTrainer
 
-    loaded = load_causal_lm(
-        config.model, dtype=resolve_dtype(config.dtype, args.device), device=str(args.device)
-    )
-    if loaded.tokenizer.pad_token_id is None:
-        loaded.tokenizer.pad_token = loaded.tokenizer.eos_token
+    loaded = load_for_trl(config, args)
     return AgentGymGRPOTrainer(
         config=config,
         episodes=EnvEpisodes(config, url, loaded.source),
@@ -150,3 +150,101 @@ def trl_trainer(config: Any, url: str, train_tasks: list[str], args: Any) -> Any
         args=args,
         train_dataset=Dataset.from_dict({"prompt": list(train_tasks)}),
     )
+
+
+def load_for_trl(config: Any, args: Any) -> Any:
+    """``config``'s model on TRL's device, in the run's dtype, with a pad token (TRL pads)."""
+    from agentgym.policies.dtypes import resolve_dtype
+    from agentgym.policies.models import load_causal_lm
+
+    loaded = load_causal_lm(
+        config.model, dtype=resolve_dtype(config.dtype, args.device), device=str(args.device)
+    )
+    if loaded.tokenizer.pad_token_id is None:
+        loaded.tokenizer.pad_token = loaded.tokenizer.eos_token
+    return loaded
+
+
+TOOLS_ADVANTAGES = {"grpo": "group", "grpo-unscaled": "none"}
+"""Our advantage estimators TRL's own update computes (its ``scale_rewards``)."""
+
+
+class RoundHorizon:
+    """The turn limit of TRL's current generation round: our schedule's at that step
+    (:func:`~.episodes.rl_step`); read by each :class:`~.tools.EnvSession` at ``reset``."""
+
+    def __init__(self, config: Any) -> None:
+        from agentgym.trainers.schedules import schedule_of
+
+        self.schedule = schedule_of(config)
+        self.trainer: Any = None
+        """Set once TRL's trainer exists (it probes the factory while it is being built)."""
+
+    def __call__(self) -> int:
+        from agentgym.trainers.trl_engine.episodes import rl_step
+
+        return self.schedule.horizon_at(rl_step(self.trainer))
+
+
+def check_for_tools(config: Any, tokenizer: Any) -> None:
+    """What the ``environment_factory`` path cannot run, refused before a model loads: TRL
+    generates and scores there with its own code, so the update is TRL's GRPO (our BAPO
+    bounds, per-turn advantages and constrained decoding need ``rollout_func``); the model's
+    chat template must render tool calls, which TRL parses."""
+    from trl.chat_template_utils import supports_tool_calling
+
+    problems = []
+    if config.clip_rule != "fixed":
+        problems.append(
+            f"algo {config.algo!r}: its {config.clip_rule} clip rule runs on the rollout_func path only"
+        )
+    if config.advantage not in TOOLS_ADVANTAGES:
+        problems.append(
+            f"advantage {config.advantage!r}: TRL's own update computes {sorted(TOOLS_ADVANTAGES)} only"
+        )
+    if config.constrain_actions:
+        problems.append("constrain_actions: TRL's generation draws from the whole vocabulary")
+    if not supports_tool_calling(tokenizer):
+        problems.append(
+            f"model {config.model!r}: its chat template cannot render tool calls (a user turn, an "
+            "assistant tool call, a tool reply); use a tool-calling model, or the rollout_func path"
+        )
+    if problems:
+        raise UsageError("this config cannot run on TRL's environment_factory:\n  " + "\n  ".join(problems))
+
+
+def tools_trainer(config: Any, url: str, train_tasks: list[str], args: Any, token: str | None = None) -> Any:
+    """TRL's own ``GRPOTrainer`` with the env server at ``url`` as its ``environment_factory``
+    (:class:`~.tools.EnvSession`, one per rollout), for models that call tools. Everything
+    is checked (:func:`check_for_tools`, the layout in ``args``) before the model loads."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOTrainer
+
+    from agentgym.policies.adapters import adapt
+    from agentgym.policies.models import resolve_model
+    from agentgym.trainers.trl_engine.tools import INSTRUCTION, EnvSession
+
+    check_for_tools(config, AutoTokenizer.from_pretrained(resolve_model(config.model)))
+    horizon = RoundHorizon(config)
+    args = copy.copy(args)  # not dataclasses.replace: TRL's checks refuse a second __post_init__
+    args.scale_rewards = TOOLS_ADVANTAGES[config.advantage]
+    args.epsilon_high = config.clip.eps_high or config.clip.eps_low
+    args.max_tool_calling_iterations = config.longest_horizon
+    loaded = load_for_trl(config, args)
+    rows = {
+        "prompt": [[{"role": "user", "content": INSTRUCTION}]] * len(train_tasks),
+        "task_id": list(train_tasks),
+    }
+    trainer = GRPOTrainer(
+        model=adapt(loaded.model, config),
+        processing_class=loaded.tokenizer,
+        args=args,
+        reward_funcs=[],
+        train_dataset=Dataset.from_dict(rows),
+        environment_factory=functools.partial(
+            EnvSession, url, horizon, token=token, action_order=config.action_order
+        ),
+    )
+    horizon.trainer = trainer
+    return trainer

@@ -10,6 +10,7 @@ held-out panel greedily before and after, ``manifest.json``.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import statistics
 import sys
@@ -30,7 +31,7 @@ from agentgym.trainers.collector import held_out_play, rollout_config, sampling,
 from agentgym.trainers.figures import rollout_stats
 from agentgym.trainers.loop import env_server, split_task_ids
 from agentgym.trainers.services import panel_figures
-from agentgym.trainers.trl_engine.build import grpo_args, trl_trainer
+from agentgym.trainers.trl_engine.build import check_for_trl, grpo_args, trl_trainer
 from agentgym.trainers.trl_engine.episodes import optimizer_steps_per_round, playing
 
 TRL_FIGURES = {
@@ -52,18 +53,22 @@ class RunFolder(TrainerCallback):
     """Our run folder from TRL's callbacks: a step's record and checkpoint when a round's
     optimizer steps are done, the held-out panel before the first and after the last."""
 
-    def __init__(self, trainer: Any, run_dir: RunDir, url: str, test_tasks: list[str]) -> None:
+    def __init__(
+        self, trainer: Any, run_dir: RunDir, url: str, test_tasks: list[str], resume_step: int | None = None
+    ) -> None:
         self.trainer, self.run_dir, self.url = trainer, run_dir, url
         self.config = trainer.agentgym_config
         self.test_tasks = test_tasks[: self.config.eval_tasks]
-        self.metrics = MetricsLog(run_dir.metrics_path)
+        # A resumed run keeps the records up to its checkpoint (the start's evaluation among them).
+        self.metrics = MetricsLog(run_dir.metrics_path, resume_step=resume_step)
         self.logged: dict[str, list[float]] = defaultdict(list)
         self.per_round = optimizer_steps_per_round(trainer)
         self.finished_at = 0
         self.round_started = time.perf_counter()
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if state.is_world_process_zero:
+        started = any(record.get("phase") == "start" for record in self.metrics.read())
+        if state.is_world_process_zero and not started:
             self.metrics.log({"step": 0, "phase": "start", **self.evaluate(0)})
         self.round_started = time.perf_counter()
 
@@ -131,26 +136,51 @@ class RunFolder(TrainerCallback):
         manifest.write_manifest(self.run_dir.path, record)
 
 
-def train_on_trl(config: Any, run_dir: Path) -> Path:
+def train_on_trl(config: Any, run_dir: Path, resume: bool = False) -> Path:
     """Train ``config`` on TRL into ``run_dir``: in this process, or in each process
     ``accelerate launch`` started (every one plays its share of each round on its own env
-    server; the first writes the run folder)."""
+    server; the first writes the run folder). ``resume``: continue from the newest TRL
+    checkpoint in ``run_dir/trl`` (weights, optimizer, schedule, random states, where the
+    sampler was), written at the end of every round; the records of later rounds are cut."""
     folder = RunDir(run_dir)
+    shape = check_for_trl(config, int(os.environ.get("WORLD_SIZE", "1")))
+    checkpoint = newest_trl_checkpoint(folder.path) if resume else None
+    # Only the newest TRL checkpoint is kept: a resume needs no other, and ours keep the weights.
+    args = grpo_args(config, str(folder.path / "trl"), save_strategy="steps", save_steps=shape.per_round,
+                     save_total_limit=1)  # fmt: skip
     with env_server(config, folder.path / f"env-{os.environ.get('RANK', '0')}.log") as url:
         _, ids = asyncio.run(split_task_ids(url))
-        trainer = trl_trainer(config, url, ids["train"], grpo_args(config, str(folder.path / "trl")))
+        trainer = trl_trainer(config, url, ids["train"], args)
         if trainer.accelerator.is_main_process:
             config.save(folder.path / "config.yaml")
             write_play(folder.path, held_out_play(config, dtype_name(trainer.model.dtype)))
-        trainer.add_callback(RunFolder(trainer, folder, url, ids["test"]))
+        resume_step = None if not resume else trained_rounds(checkpoint, shape.per_round)
+        trainer.add_callback(RunFolder(trainer, folder, url, ids["test"], resume_step))
         try:
-            trainer.train()
+            trainer.train(resume_from_checkpoint=None if checkpoint is None else str(checkpoint))
         finally:
             trainer.episodes.close()
     return folder.path
 
 
-def launch_command(nproc: int, run_dir: Path) -> list[str]:
+def newest_trl_checkpoint(run_dir: Path) -> Path | None:
+    """TRL's newest checkpoint in ``run_dir/trl`` (None before the first round ended)."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    trl_dir = run_dir / "trl"
+    found = get_last_checkpoint(str(trl_dir)) if trl_dir.is_dir() else None
+    return None if found is None else Path(found)
+
+
+def trained_rounds(checkpoint: Path | None, per_round: int) -> int:
+    """Our steps a TRL checkpoint holds (0 for none): its optimizer steps over a round's."""
+    if checkpoint is None:
+        return 0
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    return state["global_step"] // per_round
+
+
+def launch_command(nproc: int, run_dir: Path, resume: bool = False) -> list[str]:
     """``accelerate launch`` of :func:`main` in ``nproc`` processes. With an accelerate
     config (``accelerate config``: DeepSpeed, FSDP, several nodes) that config decides;
     without one, ``--multi_gpu``: accelerate's torchrun launcher, which on a machine without
@@ -159,15 +189,17 @@ def launch_command(nproc: int, run_dir: Path) -> list[str]:
 
     configured = os.path.isfile(os.environ.get("ACCELERATE_CONFIG_FILE", default_config_file))
     return [sys.executable, "-m", "accelerate.commands.launch", *([] if configured else ["--multi_gpu"]),
-            "--num_processes", str(nproc), "-m", "agentgym.trainers.trl_engine.run", str(run_dir)]  # fmt: skip
+            "--num_processes", str(nproc), "-m", "agentgym.trainers.trl_engine.run", str(run_dir),
+            *(["--resume"] if resume else [])]  # fmt: skip
 
 
 def main() -> None:
-    """``python -m agentgym.trainers.trl_engine.run RUN_DIR``: train the config saved there."""
+    """``python -m agentgym.trainers.trl_engine.run RUN_DIR [--resume]``: train the config
+    saved there (continue it from its newest TRL checkpoint)."""
     from agentgym.trainers.config import TrainConfig
 
     run_dir = Path(sys.argv[1])
-    train_on_trl(TrainConfig.load(run_dir / "config.yaml"), run_dir)
+    train_on_trl(TrainConfig.load(run_dir / "config.yaml"), run_dir, resume="--resume" in sys.argv[2:])
 
 
 if __name__ == "__main__":
