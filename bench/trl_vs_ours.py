@@ -5,6 +5,12 @@ algorithm, seeds, steps and batch; wall time per step and held-out success.
         --save bench/results/trl-vs-ours/choice-2026-11-28
     python bench/trl_vs_ours.py --report-only --out bench/results/trl-vs-ours/choice-2026-11-28
 
+On textworld from one cloned checkpoint (clone with our engine, ``--set steps=0``):
+
+    agentgym train --algo bapo --schedule scaling-inter --set steps=0 --out runs/cloned
+    python bench/trl_vs_ours.py --seeds 0 1 2 --out runs/trl-vs-ours-tw --textworld runs/cloned \
+        --save bench/results/trl-vs-ours/textworld-2026-11-29
+
 Each (engine, seed) is one ``agentgym train`` in its own process, one at a time; a finished
 run is not trained again. The table reads every run's ``metrics.jsonl``: a step's wall
 time is its rollouts and updates (ours: ``wait_s + update_s``; TRL's: ``step_s``, the time
@@ -45,12 +51,22 @@ SETTINGS = {
 }
 """tests/test_trl.py's learning run: BAPO on `choice`, SmolLM2-135M, both engines."""
 
+TEXTWORLD = {
+    "algo": "bapo",
+    "schedule": "scaling-inter",
+    "env": "textworld",
+    "bc_steps": 0,
+    "curriculum": "all",
+}
+"""The default run's RL phase (its other settings are the defaults) from a cloned
+checkpoint (``--model``): every train task the expert finishes, as TRL's sampler draws them."""
 
-def train(engine: str, seed: int, folder: Path) -> None:
+
+def train(engine: str, seed: int, folder: Path, settings: dict) -> None:
     if (folder / "manifest.json").exists():
         return
     shutil.rmtree(folder, ignore_errors=True)
-    flags = [arg for key, value in (SETTINGS | {"seed": seed}).items() for arg in ("--set", f"{key}={value}")]
+    flags = [arg for key, value in (settings | {"seed": seed}).items() for arg in ("--set", f"{key}={value}")]
     command = [
         sys.executable,
         "-m",
@@ -81,17 +97,39 @@ def summary(folder: Path) -> dict:
     }
 
 
+def held_out(folder: Path) -> dict[str, float]:
+    """Each held-out task's greedy outcome at the end of the run."""
+    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if "eval_outcomes" in r][-1]["eval_outcomes"]
+
+
 def report(out: Path, seeds: list[int]) -> str:
-    rows = ["| engine | s per step (mean over steps and seeds) | rollouts, s | held-out before → after (per seed) |",
-            "| --- | --- | --- | --- |"]  # fmt: skip
+    from agentgym.trainers.heldout import GAIN, summarise
+
+    rows = ["| engine | s per step (mean over steps and seeds) | rollouts, s | held-out before → after (per seed) | after, claim [95%] |",
+            "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    ends = {}
     for engine in ENGINES:
-        runs = [summary(out / engine / f"seed-{seed}") for seed in seeds]
+        folders = [out / engine / f"seed-{seed}" for seed in seeds]
+        runs = [summary(folder) for folder in folders]
+        ends[engine] = [held_out(folder) for folder in folders]
         before = ", ".join(f"{r['before']:.2f}" for r in runs)
         after = ", ".join(f"{r['after']:.2f}" for r in runs)
         rows.append(
             f"| {engine} | {statistics.fmean(r['step_s'] for r in runs):.1f} | "
-            f"{statistics.fmean(r['rollout_s'] for r in runs):.1f} | {before} → {after} |"
+            f"{statistics.fmean(r['rollout_s'] for r in runs):.1f} | {before} → {after} | "
+            f"{summarise(ends[engine]).points()} |"
         )
+    paired = [
+        {task: trl[task] - ours[task] for task in ours}
+        for trl, ours in zip(ends["trl"], ends["ours"], strict=True)
+    ]
+    gap = summarise(paired, GAIN)
+    per_episode = gap.per_episode
+    rows.append(
+        f"\ntrl − ours, held-out at the end: {gap.points()} (per-episode "
+        f"[{100 * per_episode.low:.1f}, {100 * per_episode.high:.1f}])"
+    )
     return "\n".join(rows)
 
 
@@ -111,11 +149,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/trl-vs-ours"))
     parser.add_argument("--save", type=Path, help="copy each run's metrics and manifest here")
     parser.add_argument("--report-only", action="store_true", help="read the runs in --out, train nothing")
+    parser.add_argument(
+        "--textworld", metavar="CLONED_RUN", help="the default run's RL on textworld from this run"
+    )
     args = parser.parse_args()
+    settings = SETTINGS if args.textworld is None else TEXTWORLD | {"model": args.textworld}
     if not args.report_only:
         for seed in args.seeds:
             for engine in ENGINES:
-                train(engine, seed, args.out / engine / f"seed-{seed}")
+                train(engine, seed, args.out / engine / f"seed-{seed}", settings)
     print(report(args.out, args.seeds))
     if args.save:
         save(args.out, args.save, args.seeds)
