@@ -194,6 +194,24 @@ def test_trl_update_is_our_learners_on_the_same_batch(
     assert_our_learner_agrees(config, tiny_model_dir, trainer.processing_class, recorded.steps)
 
 
+def test_trl_trains_a_bfloat16_model_on_a_multi_turn_env(
+    textworld_url: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Under accelerate's bfloat16 mixed precision TRL's model hands back its outputs in
+    float32: our scoring runs the output layer in the layer's own dtype (it failed on
+    textworld before: float hidden states against a bfloat16 head)."""
+    config = tiny_bapo_config(tiny_model_dir, steps=1, ppo_epochs=1, dtype="bfloat16")
+    args = grpo_args(config, str(tmp_path / "trl"))
+    assert args.bf16
+    trainer = trl_trainer(config, textworld_url, tasks(textworld_url, "train"), args)
+    try:
+        trainer.train()
+    finally:
+        trainer.episodes.close()
+    assert next(trainer.model.parameters()).dtype == torch.bfloat16
+    assert torch.isfinite(torch.tensor(trainer.state.log_history[0]["loss"]))
+
+
 def test_gigpo_on_trl_trains_on_our_per_turn_advantages(
     textworld_url: str, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

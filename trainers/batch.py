@@ -218,7 +218,9 @@ def sequence_logprobs(
     # no output layer of its own: the head is its module's.
     wrapped = isinstance(model, torch.nn.parallel.DistributedDataParallel)
     head = (model.module if wrapped else model).get_output_embeddings()
-    logits = head(hidden).float()
+    # Under accelerate's mixed precision (TRL's model in bfloat16) the forward's outputs come
+    # back in float32; the head takes its own dtype (an exact cast back).
+    logits = head(hidden.to(head.weight.dtype)).float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
     targets = input_ids[:, 1:][wanted][:, None]

@@ -93,7 +93,7 @@ class EnvEpisodes:
         policy = self.policy_for(trainer)
         rollout = rollout_config(self.config, horizon, sampling(self.config))
         started = time.perf_counter()
-        with playing(policy, trainer.state.global_step):
+        with playing(policy, trainer):
             played = asyncio.run(run_episodes(self.url, policy, specs, rollout))
         by_key = {episode.key: episode for episode in played}
         episodes = [by_key[(spec.task_id, spec.sample)] for spec in specs]
@@ -159,17 +159,32 @@ def completion_allowed(
 
 
 @contextlib.contextmanager
-def playing(policy: HFPolicy, version: int) -> Iterator[None]:
-    """The model in eval mode while it plays (TRL keeps it in train mode), tokens tagged
-    with TRL's optimizer step count as their weights version."""
+def playing(policy: HFPolicy, trainer: Any) -> Iterator[None]:
+    """The model whole and in eval mode while it plays (TRL keeps it in train mode), tokens
+    tagged with TRL's optimizer step count as their weights version.
+
+    Whole as TRL's own HF generation has it: under DeepSpeed ZeRO-3 the shards are gathered
+    into every process for the round (``ds3_gather_for_generation``), under FSDP the full
+    parameters are summoned; on one process or under DDP both are no-ops. Our batcher runs
+    its forwards when its requests come, not in step with the other processes, so the
+    per-layer gathers ZeRO-3 would otherwise make inside each forward must not happen."""
+    from trl.models import unwrap_model_for_generation
+
     model = policy.model
     was_training = model.training
-    policy.weights_version = version
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
+    policy.weights_version = trainer.state.global_step
+    whole = unwrap_model_for_generation(
+        trainer.model_wrapped,
+        trainer.accelerator,
+        gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
+        gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
+    )
+    with whole, trainer._dist.summon_full_params(trainer.model_wrapped, recurse=False):
+        model.eval()
+        try:
+            yield
+        finally:
+            model.train(was_training)
 
 
 def env_reward(completions: list[Any], env_reward: list[float | None], **_: Any) -> list[float | None]:

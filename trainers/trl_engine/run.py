@@ -114,7 +114,7 @@ class RunFolder(TrainerCallback):
         config = self.config
         rollout = rollout_config(config, config.eval_horizon, sampling(config, greedy=True))
         specs = [EpisodeSpec(task, split="test") for task in self.test_tasks]
-        with playing(policy, self.trainer.state.global_step):
+        with playing(policy, self.trainer):
             episodes = asyncio.run(run_episodes(self.url, policy, specs, rollout))
         write_step_episodes(self.run_dir.path, "rollouts/eval", step, episodes)
         return panel_figures(episodes, "eval")
