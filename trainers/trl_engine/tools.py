@@ -29,7 +29,8 @@ INSTRUCTION = "Play the task below with the act tool, one command a call, until 
 
 class EnvSession:
     """One episode at a time on the env server at ``url``; ``horizon()`` gives the turn
-    limit of the rollout about to start (read at each ``reset``)."""
+    limit of the rollout about to start (read at each ``reset``). TRL offers every public
+    method but ``reset`` and ``get_reward`` to the model as a tool: helpers stay private."""
 
     def __init__(
         self,
