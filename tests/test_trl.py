@@ -255,8 +255,9 @@ def test_two_processes_under_accelerate_give_the_losses_of_one(
     a round; at every optimizer step both hold the same weights and bounds, and their mean
     loss is our learner's on the two halves together (the standard of our own
     data-parallel test)."""
-    job = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           str(Path(__file__).parent / "trl_ranks_job.py"), textworld_url, str(tiny_model_dir), str(tmp_path)]  # fmt: skip
+    job = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--main_process_port", "0",
+           "--num_processes", "2", str(Path(__file__).parent / "trl_ranks_job.py"),
+           textworld_url, str(tiny_model_dir), str(tmp_path)]  # fmt: skip
     # The job imports test_trl, which imports the repository's conftest.py.
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     done = subprocess.run(job, capture_output=True, text=True, timeout=300, env=env)

@@ -184,11 +184,13 @@ def launch_command(nproc: int, run_dir: Path, resume: bool = False) -> list[str]
     """``accelerate launch`` of :func:`main` in ``nproc`` processes. With an accelerate
     config (``accelerate config``: DeepSpeed, FSDP, several nodes) that config decides;
     without one, ``--multi_gpu``: accelerate's torchrun launcher, which on a machine without
-    GPUs runs the processes on the CPU over gloo (its ``--cpu`` would start one process)."""
+    GPUs runs the processes on the CPU over gloo (its ``--cpu`` would start one process),
+    on a free port (accelerate's default 29500 would clash with a second job here)."""
     from accelerate.commands.config import default_config_file
 
     configured = os.path.isfile(os.environ.get("ACCELERATE_CONFIG_FILE", default_config_file))
-    return [sys.executable, "-m", "accelerate.commands.launch", *([] if configured else ["--multi_gpu"]),
+    on_this_machine = ["--multi_gpu", "--main_process_port", "0"]
+    return [sys.executable, "-m", "accelerate.commands.launch", *([] if configured else on_this_machine),
             "--num_processes", str(nproc), "-m", "agentgym.trainers.trl_engine.run", str(run_dir),
             *(["--resume"] if resume else [])]  # fmt: skip
 
