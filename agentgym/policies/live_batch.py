@@ -25,7 +25,6 @@ class Row:
     prompt_ids: list[int]
     sampling: SamplingParams
     future: Future
-    generator: torch.Generator | None
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)

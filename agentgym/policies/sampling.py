@@ -7,6 +7,8 @@ record it). Greedy rows (``T == 0``) report the log-prob at ``T = 1``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
@@ -14,7 +16,7 @@ def sample_next(
     logits: torch.Tensor,
     temperature: torch.Tensor,
     top_p: torch.Tensor,
-    generators: list[torch.Generator | None],
+    keys: torch.Tensor,
     allowed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row.
@@ -23,7 +25,8 @@ def sample_next(
         logits: ``[B, V]`` raw next-token logits.
         temperature: ``[B]``; ``0`` means greedy (argmax).
         top_p: ``[B]`` nucleus mass; ``1`` keeps the whole distribution.
-        generators: one per row; ``None`` uses torch's global generator.
+        keys: ``[B, 3]`` from :func:`draw_keys`: each row's seed and how many tokens it
+            has drawn; an unseeded row draws from torch's global generator.
         allowed: ``[B, V]`` bool, or None (every token): the tokens a row may draw. The
             draw is from the model's distribution renormalised over them (greedy: the
             likeliest of them), and the log-prob recorded is that of the renormalised
@@ -42,7 +45,7 @@ def sample_next(
     if allowed is not None:
         choice = torch.log_softmax(logp.masked_fill(~allowed, float("-inf")), dim=-1)
         best_of = logits.masked_fill(~allowed, float("-inf"))
-    drawn = _draw(nucleus(choice.exp(), top_p.to(logits)), generators)
+    drawn = _draw(nucleus(choice.exp(), top_p.to(logits)), keys)
     tokens = torch.where(greedy.to(logits.device), best_of.argmax(dim=-1), drawn)
     return tokens, choice.gather(-1, tokens[:, None]).squeeze(-1)
 
@@ -66,14 +69,46 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
     return logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
-def _draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
-    if all(generator is None for generator in generators):
-        return torch.multinomial(probs, 1).squeeze(-1)
-    # Seeded rows draw from their own generator so a seed reproduces a reply whatever
-    # else shares the batch.
-    return torch.cat(
-        [
-            torch.multinomial(row, 1, generator=generator)
-            for row, generator in zip(probs, generators, strict=True)
-        ]
-    )
+UNSEEDED = -1
+"""The first column of an unseeded row's key."""
+
+_LOW32 = 0xFFFFFFFF
+
+
+def draw_keys(seeds: Sequence[int | None], drawn: Sequence[int], device: torch.device) -> torch.Tensor:
+    """The ``keys`` of :func:`sample_next`: per row its seed's low and high 32 bits and the
+    number of tokens it has drawn before this one (``[B, 3]`` int64)."""
+    rows = [
+        [UNSEEDED, 0, 0] if seed is None else [seed & _LOW32, (seed >> 32) & _LOW32, count & _LOW32]
+        for seed, count in zip(seeds, drawn, strict=True)
+    ]
+    return torch.tensor(rows, dtype=torch.long, device=device).reshape(-1, 3)
+
+
+def _draw(probs: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draws, one uniform a row, in a fixed number of tensor operations: no
+    per-row loop, no host sync, so a CUDA graph can capture it. A seeded row's uniform is a
+    hash of (seed, tokens drawn), so a seed reproduces a reply whatever else shares the
+    batch, on any device; unseeded rows take theirs from torch's global generator."""
+    cdf = probs.double().cumsum(dim=-1)
+    fresh = torch.rand(len(keys), dtype=torch.float64, device=probs.device)
+    uniform = torch.where(keys[:, 0] == UNSEEDED, fresh, _hashed_uniform(keys))
+    # The first token whose cumulative mass passes u: never one of probability 0.
+    tokens = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True).squeeze(-1)
+    return tokens.clamp_(max=probs.shape[-1] - 1)
+
+
+def _hashed_uniform(keys: torch.Tensor) -> torch.Tensor:
+    """A uniform in (0, 1) from each row's key: Mueller's 32-bit integer hash chained over
+    the key's three words. Every product stays under 2**63, so int64 arithmetic is exact on
+    every device."""
+    mixed = _mix32(keys[:, 1])
+    mixed = _mix32(mixed ^ keys[:, 0].clamp(min=0))
+    mixed = _mix32(mixed ^ keys[:, 2])
+    return (mixed.double() + 0.5) / 2.0**32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    x = ((x >> 16) ^ x) * 0x45D9F3B & _LOW32
+    x = ((x >> 16) ^ x) * 0x45D9F3B & _LOW32
+    return (x >> 16) ^ x
