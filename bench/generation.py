@@ -35,7 +35,7 @@ def prompts(policy: HFPolicy, replies: int) -> list[list[int]]:
     ]
 
 
-def _rate(round_: Any, device: torch.device, repeats: int) -> float:
+def median_rate(round_: Any, device: torch.device, repeats: int) -> float:
     """Median tokens/s of ``repeats`` calls of ``round_`` (which returns tokens sampled) after a warm-up."""
     round_()
     rates = []
@@ -64,7 +64,7 @@ def batcher_rate(
         return sum(len(future.result(timeout=600).token_ids) for future in futures)
 
     try:
-        return _rate(round_, policy.device, repeats)
+        return median_rate(round_, policy.device, repeats)
     finally:
         batcher.close()
 
@@ -88,7 +88,7 @@ def generate_rate(policy: HFPolicy, ids: list[list[int]], new_tokens: int, repea
             )
         return (out.shape[1] - width) * len(ids)
 
-    return _rate(round_, policy.device, repeats)
+    return median_rate(round_, policy.device, repeats)
 
 
 def generation_rows(

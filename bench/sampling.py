@@ -5,16 +5,16 @@ does), on one CPU thread or a GPU.
     python bench/sampling.py                     # batches of 8, 32 and 64 rows on the CPU
     python bench/sampling.py --device cuda --rows 64 256
 
-Each figure is the median over ``--repeats`` rounds of 20 steps, after 5 warm-up steps.
+Each figure is the median over ``--repeats`` rounds of 20 steps, after a warm-up round
+(``bench/generation.py``'s timer).
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
+from generation import median_rate
 
 from agentgym.policies.sampling import draw_keys, sample_next
 
@@ -28,22 +28,12 @@ def step_ms(rows: int, seeded: bool, device: torch.device, repeats: int) -> floa
     ones = torch.ones(rows, device=device)
     seeds = list(range(rows)) if seeded else [None] * rows
 
-    def step() -> None:
-        sample_next(logits, ones, ones, draw_keys(seeds, [5] * rows, device))
-
-    for _ in range(5):
-        step()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
+    def twenty_steps() -> int:
         for _ in range(20):
-            step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append((time.perf_counter() - start) / 20 * 1000)
-    return statistics.median(times)
+            sample_next(logits, ones, ones, draw_keys(seeds, [5] * rows, device))
+        return 20
+
+    return 1000 / median_rate(twenty_steps, device, repeats)
 
 
 def main() -> None:

@@ -94,13 +94,8 @@ def summary(folder: Path) -> dict:
         "before": records[0]["eval_success_rate"],
         "after": steps[-1]["eval_success_rate"],
         "train_success": [round(r["success_rate"], 2) for r in steps],
+        "outcomes": [r for r in records if "eval_outcomes" in r][-1]["eval_outcomes"],
     }
-
-
-def held_out(folder: Path) -> dict[str, float]:
-    """Each held-out task's greedy outcome at the end of the run."""
-    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in records if "eval_outcomes" in r][-1]["eval_outcomes"]
 
 
 def report(out: Path, seeds: list[int]) -> str:
@@ -110,9 +105,8 @@ def report(out: Path, seeds: list[int]) -> str:
             "| --- | --- | --- | --- | --- |"]  # fmt: skip
     ends = {}
     for engine in ENGINES:
-        folders = [out / engine / f"seed-{seed}" for seed in seeds]
-        runs = [summary(folder) for folder in folders]
-        ends[engine] = [held_out(folder) for folder in folders]
+        runs = [summary(out / engine / f"seed-{seed}") for seed in seeds]
+        ends[engine] = [r["outcomes"] for r in runs]  # each held-out task's outcome at the end
         before = ", ".join(f"{r['before']:.2f}" for r in runs)
         after = ", ".join(f"{r['after']:.2f}" for r in runs)
         rows.append(
