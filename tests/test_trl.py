@@ -8,8 +8,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import os
-import subprocess
+import runpy
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,10 +28,11 @@ from agentgym.trainers.config import TrainConfig
 from agentgym.trainers.distributed import DataParallel
 from agentgym.trainers.learner import Learner
 from agentgym.trainers.loop import split_task_ids
+from agentgym.trainers.trl_engine import run as run_module
 from agentgym.trainers.trl_engine.build import check_for_trl, grpo_args, trl_trainer
 from agentgym.trainers.trl_engine.episodes import EnvEpisodes
 from agentgym.trainers.trl_engine.grpo import AgentGymGRPOTrainer
-from agentgym.trainers.trl_engine.run import train_on_trl
+from agentgym.trainers.trl_engine.run import launch_command, train_on_trl
 from agentgym.trainers.update import clipped_update
 from conftest import REPO, all_records, run_cli
 
@@ -133,17 +133,18 @@ def test_bad_configs_are_refused_before_any_model_loads() -> None:
         check_for_trl(choice_config("bapo", curriculum="all", minibatch_size=24))
 
 
+TINY_BAPO = dict(
+    algo="bapo", env="textworld", schedule="scaling-inter", rounds=[1, 2], interval=1, bc_steps=0, steps=2,
+    tasks_per_step=2, group_size=4, max_new_tokens=6, minibatch_size=4, micro_batch_size=2, ppo_epochs=2,
+    curriculum="all", entropy_coef=0.05, lora=False, learning_rate=5e-3, loss_aggregation="token-mean",
+)  # fmt: skip
+"""BAPO on textworld with the tiny model, all weights trained: two rounds (ScalingInter-RL's
+horizon 1, then 2), two passes over each round's episodes, so the second pass is
+off-policy and BAPO's search acts; an entropy term, and the forced-end term, on."""
+
+
 def tiny_bapo_config(model_dir: Path, **overrides: Any) -> TrainConfig:
-    """BAPO on textworld with the tiny model, all weights trained: two rounds (ScalingInter-RL's
-    horizon 1, then 2), two passes over each round's episodes, so the second pass is
-    off-policy and BAPO's search acts; an entropy term, and the forced-end term, on."""
-    values = dict(
-        algo="bapo", env="textworld", model=str(model_dir), schedule="scaling-inter", rounds=[1, 2],
-        interval=1, bc_steps=0, steps=2, tasks_per_step=2, group_size=4, max_new_tokens=6, minibatch_size=4,
-        micro_batch_size=2, ppo_epochs=2, curriculum="all", entropy_coef=0.05, lora=False, learning_rate=5e-3,
-        loss_aggregation="token-mean",
-    )  # fmt: skip
-    return TrainConfig(**(values | overrides))
+    return TrainConfig(**(TINY_BAPO | {"model": str(model_dir)} | overrides))
 
 
 def assert_our_learner_agrees(
@@ -248,21 +249,37 @@ def test_gigpo_on_trl_trains_on_our_per_turn_advantages(
     assert_our_learner_agrees(config, tiny_model_dir, trainer.processing_class, recorded.steps)
 
 
-def test_two_processes_under_accelerate_give_the_losses_of_one(
-    textworld_url: str, tiny_model_dir: Path, tmp_path: Path
+def test_two_processes_under_accelerate_give_the_losses_of_one_and_write_one_run(
+    textworld_url: str, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``accelerate launch`` of two CPU processes (gloo): each plays and scores its half of
-    a round; at every optimizer step both hold the same weights and bounds, and their mean
-    loss is our learner's on the two halves together (the standard of our own
-    data-parallel test)."""
-    job = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--main_process_port", "0",
-           "--num_processes", "2", str(Path(__file__).parent / "trl_ranks_job.py"),
-           textworld_url, str(tiny_model_dir), str(tmp_path)]  # fmt: skip
+    """``agentgym train --engine trl --nproc 2``: ``accelerate launch`` of two CPU processes
+    (gloo), each playing and scoring its half of a round. At every optimizer step both hold
+    the same weights and bounds, and their mean loss is our learner's on the two halves
+    together (the standard of our own data-parallel test); the run folder holds one record
+    of the whole round, its episodes, a checkpoint and the held-out panel, as one process
+    writes it. The launched entry point is ``tests/trl_ranks_job.py``: ours, recording."""
+    job = str(Path(__file__).parent / "trl_ranks_job.py")
+
+    def recording_launch(nproc: int, run_dir: Path, resume: bool = False) -> list[str]:
+        command = launch_command(nproc, run_dir, resume)
+        at = command.index("-m", command.index("--num_processes"))
+        assert command[at : at + 2] == ["-m", "agentgym.trainers.trl_engine.run"]
+        return [*command[:at], job, *command[at + 2 :]]
+
+    monkeypatch.setattr(run_module, "launch_command", recording_launch)
     # The job imports test_trl, which imports the repository's conftest.py.
-    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    done = subprocess.run(job, capture_output=True, text=True, timeout=300, env=env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    ranks = [torch.load(tmp_path / f"rank-{r}.pt", weights_only=False) for r in range(2)]
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    config = tiny_bapo_config(tiny_model_dir, steps=1, micro_batch_size=1)
+    settings = {key: getattr(config, key) for key in [*TINY_BAPO, "model"]} | {
+        "env_url": textworld_url, "eval_tasks": 2, "report_to": []
+    }  # fmt: skip
+    flags = [arg for key, value in settings.items() for arg in ("--set", f"{key}={json.dumps(value)}")]
+    run = tmp_path / "run"
+    code, output = run_cli("train", "--engine", "trl", "--nproc", "2", "--out", str(run), *flags)
+    assert code == 0, output
+
+    ranks = [torch.load(run / f"rank-{r}.pt", weights_only=False) for r in range(2)]
     assert len(ranks[0]) == len(ranks[1]) == 4  # one round, two passes, two optimizer steps each
     steps = []
     for first, second in zip(*ranks, strict=True):
@@ -272,9 +289,14 @@ def test_two_processes_under_accelerate_give_the_losses_of_one(
             "weights": first["weights"], "window": first["window"] + second["window"],
             "bounds": first["bounds"], "loss": (first["loss"] + second["loss"]) / 2,
         })  # fmt: skip
-    config = tiny_bapo_config(tiny_model_dir, steps=1, micro_batch_size=1)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     assert_our_learner_agrees(config, tiny_model_dir, tokenizer, steps)
+
+    start, step = all_records(run)
+    assert start["step"] == 0 and "eval_success_rate" in start
+    assert step["step"] == 1 and step["episodes"] == 8 and "eval_success_rate" in step  # both ranks' halves
+    assert len((run / "rollouts" / "step-000001.jsonl").read_text().splitlines()) == 8
+    assert (run / "checkpoints" / "step-000001").is_dir() and (run / "manifest.json").exists()
 
 
 TRL_CHOICE = {"curriculum": "all", "tasks_per_step": 2, "learning_rate": 1e-3, "rl_learning_rate": 1e-3}
@@ -322,15 +344,19 @@ def test_train_engine_trl_refuses_what_trl_cannot_run_before_loading_a_model() -
     assert code == 2 and "--engine must be one of ours, trl" in output, output
 
 
-def test_the_docs_example_trains_on_trl(choice_url: str, tiny_model_dir: Path, tmp_path: Path) -> None:
-    """``docs/examples/trl_bapo.py`` as a user runs it (the tiny model, one step)."""
-    example = [sys.executable, str(REPO / "docs" / "examples" / "trl_bapo.py"), "--url", choice_url,
-               "--model", str(tiny_model_dir), "--steps", "1", "--out", str(tmp_path / "trl")]  # fmt: skip
-    done = subprocess.run(
-        example, capture_output=True, text=True, timeout=300, env=os.environ | {"OMP_NUM_THREADS": "1"}
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "optimizer step 1: reward" in done.stdout, done.stdout
+def test_the_docs_example_trains_on_trl(
+    choice_url: str, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``docs/examples/trl_bapo.py`` as a user runs it (the tiny model, one step), run as
+    ``__main__`` in this process: TRL is imported here already."""
+    example = REPO / "docs" / "examples" / "trl_bapo.py"
+    argv = [str(example), "--url", choice_url, "--model", str(tiny_model_dir), "--steps", "1",
+            "--out", str(tmp_path / "trl")]  # fmt: skip
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "argv", argv)
+        runpy.run_path(str(example), run_name="__main__")
+    printed = capsys.readouterr().out
+    assert "optimizer step 1: reward" in printed, printed
 
 
 TINY_TRL = {"algo": "bapo", "env": "choice", "bc_steps": 0, "curriculum": "all", "schedule": "fixed",
@@ -338,24 +364,6 @@ TINY_TRL = {"algo": "bapo", "env": "choice", "bc_steps": 0, "curriculum": "all",
             "micro_batch_size": 2, "max_new_tokens": 4, "agent_format": "plain", "eval_tasks": 2,
             "loss_aggregation": "token-mean", "report_to": []}  # fmt: skip
 """One round of BAPO on ``choice`` with the tiny model: 4 episodes, one optimizer step."""
-
-
-def test_train_engine_trl_in_two_processes_writes_one_run(
-    choice_url: str, tiny_model_dir: Path, tmp_path: Path
-) -> None:
-    """``agentgym train --engine trl --nproc 2``: two processes under ``accelerate launch``
-    (gloo on CPU) each play half of a round; the run folder holds one record of the whole
-    round, its episodes, a checkpoint and the held-out panel, as one process writes it."""
-    run = tmp_path / "run"
-    settings = TINY_TRL | {"env_url": choice_url, "model": str(tiny_model_dir), "micro_batch_size": 2}
-    flags = [arg for key, value in settings.items() for arg in ("--set", f"{key}={json.dumps(value)}")]
-    code, output = run_cli("train", "--engine", "trl", "--nproc", "2", "--out", str(run), *flags)
-    assert code == 0, output
-    start, step = all_records(run)
-    assert start["step"] == 0 and "eval_success_rate" in start
-    assert step["step"] == 1 and step["episodes"] == 4 and "eval_success_rate" in step  # both ranks' halves
-    assert len((run / "rollouts" / "step-000001.jsonl").read_text().splitlines()) == 4
-    assert (run / "checkpoints" / "step-000001").is_dir() and (run / "manifest.json").exists()
 
 
 def test_a_trl_run_resumes_from_its_newest_round(

@@ -1,27 +1,21 @@
-"""Run by tests/test_trl.py under ``accelerate launch --num_processes 2``: one short BAPO
-round on TRL against a textworld server, every optimizer step recorded by each rank into
-``OUT/rank-R.pt``. Arguments: URL MODEL_DIR OUT."""
+"""Launched in place of ``python -m agentgym.trainers.trl_engine.run RUN_DIR`` by
+tests/test_trl.py (``agentgym train --engine trl --nproc 2`` builds the ``accelerate
+launch`` command): the same entry point, with every optimizer step of this rank recorded
+into ``RUN_DIR/rank-R.pt``."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from test_trl import Recorded, tasks, tiny_bapo_config
+from test_trl import Recorded
 
-from agentgym.trainers.trl_engine.build import grpo_args, trl_trainer
-
-
-def main(url: str, model_dir: str, out: str) -> None:
-    config = tiny_bapo_config(Path(model_dir), steps=1, micro_batch_size=1)
-    recorded = Recorded(pytest.MonkeyPatch())
-    trainer = trl_trainer(config, url, tasks(url, "train"), grpo_args(config, out))
-    trainer.train()
-    trainer.episodes.close()
-    torch.save(recorded.steps, Path(out) / f"rank-{trainer.accelerator.process_index}.pt")
-
+from agentgym.trainers.trl_engine import run
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    recorded = Recorded(pytest.MonkeyPatch())
+    run.main()
+    torch.save(recorded.steps, Path(sys.argv[1]) / f"rank-{os.environ['RANK']}.pt")

@@ -168,6 +168,7 @@ def playing(policy: HFPolicy, trainer: Any) -> Iterator[None]:
     parameters are summoned; on one process or under DDP both are no-ops. Our batcher runs
     its forwards when its requests come, not in step with the other processes, so the
     per-layer gathers ZeRO-3 would otherwise make inside each forward must not happen."""
+    from trl.distributed import DistributedBackend
     from trl.models import unwrap_model_for_generation
 
     model = policy.model
@@ -179,7 +180,8 @@ def playing(policy: HFPolicy, trainer: Any) -> Iterator[None]:
         gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
         gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
     )
-    with whole, trainer._dist.summon_full_params(trainer.model_wrapped, recurse=False):
+    full = DistributedBackend(trainer.accelerator).summon_full_params(trainer.model_wrapped, recurse=False)
+    with whole, full:
         model.eval()
         try:
             yield
