@@ -440,7 +440,7 @@ def bench_manifest(root: Path, arms: list[str], seeds: list[int]) -> dict[str, A
     if not hashes:
         hashes = {_spec_sha256(str(c["model"])) for c in configs.values() if c.get("model")} - {None}
     generators = sorted({str(c["generator"]) for c in configs.values() if c.get("generator")})
-    return manifest.build_manifest(
+    built = manifest.build_manifest(
         tasks=tasks,
         seeds=sorted({int(folder.name.removeprefix("seed-")) for folder in folders}),
         model_sha256=hashes.pop() if len(hashes) == 1 else None,  # None: no model, or runs disagree
@@ -450,6 +450,23 @@ def bench_manifest(root: Path, arms: list[str], seeds: list[int]) -> dict[str, A
             f"{folder.parent.name}/{folder.name}": heldout.evaluations(_records(folder)) for folder in folders
         },
     )
+    return built | runs_in_common(folders)
+
+
+RUN_FIELDS = ("git_commit", "torch", "transformers", "python")
+"""What made the figures, read from the runs' own manifests: a table rebuilt later (from
+the repository, another checkout) names the runs' commit and libraries, not its own."""
+
+
+def runs_in_common(folders: list[Path]) -> dict[str, Any]:
+    """Each of :data:`RUN_FIELDS` the runs' manifests agree on (None where they differ, as
+    :func:`commits_note` flags); none where no run has a manifest."""
+    runs = [m for folder in folders if (m := _run_manifest(folder))]
+    common = {}
+    for field in RUN_FIELDS if runs else ():
+        values = {run.get(field) for run in runs}
+        common[field] = values.pop() if len(values) == 1 else None
+    return common
 
 
 def _final_outcomes(folder: Path, key: str = "eval_outcomes") -> dict[str, float]:

@@ -412,11 +412,13 @@ def test_the_tables_rebuild_from_the_saved_copy_alone_and_mixed_commits_are_flag
     monkeypatch.setattr("sys.argv", [*argv, "--out", str(saved)])
     bench.main()
     assert (saved / "textworld" / bench.TABLE_FILE).read_text() == original
-    outcomes = json.loads((saved / "textworld" / manifest.MANIFEST_FILE).read_text())["outcomes"]
-    assert outcomes["bapo+scaling-inter/seed-1"]["test"]["4"] == run_with_gain(2, 4)[1]
+    rebuilt = json.loads((saved / "textworld" / manifest.MANIFEST_FILE).read_text())
+    assert rebuilt["outcomes"]["bapo+scaling-inter/seed-1"]["test"]["4"] == run_with_gain(2, 4)[1]
+    assert rebuilt["git_commit"] == "c0ffee" * 7  # the runs' commit, not the rebuilding checkout's
     (copy / manifest.MANIFEST_FILE).write_text(json.dumps({"git_commit": "beef" * 10}))
     bench.main()
     assert "2 commits" in (saved / "textworld" / bench.TABLE_FILE).read_text()
+    assert json.loads((saved / "textworld" / manifest.MANIFEST_FILE).read_text())["git_commit"] is None
 
 
 def test_pass_at_k_tables_read_each_runs_final_evaluation(tmp_path: Path, monkeypatch) -> None:
