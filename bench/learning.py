@@ -459,11 +459,13 @@ the repository, another checkout) names the runs' commit and libraries, not its 
 
 
 def runs_in_common(folders: list[Path]) -> dict[str, Any]:
-    """Each of :data:`RUN_FIELDS` the runs' manifests agree on (None where they differ, as
-    :func:`commits_note` flags); none where no run has a manifest."""
-    runs = [m for folder in folders if (m := _run_manifest(folder))]
+    """Each of :data:`RUN_FIELDS` the runs' manifests agree on: None where they differ or a
+    run has none (as :func:`commits_note` counts them); nothing where no run has a manifest."""
+    runs = [_run_manifest(folder) for folder in folders]
+    if not any(runs):
+        return {}
     common = {}
-    for field in RUN_FIELDS if runs else ():
+    for field in RUN_FIELDS:
         values = {run.get(field) for run in runs}
         common[field] = values.pop() if len(values) == 1 else None
     return common
