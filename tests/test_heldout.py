@@ -10,6 +10,7 @@ import importlib.util
 import json
 import re
 import shutil
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -260,9 +261,10 @@ def test_a_file_hash_is_cached_by_size_and_mtime(tmp_path: Path, monkeypatch: py
 # ----- bench/learning.py's table, from synthetic run folders -------------------------------
 
 
-def load_bench() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_learning", ROOT / "bench" / "learning.py")
-    module = importlib.util.module_from_spec(spec)
+def load_bench(script: str = "learning") -> Any:
+    """``bench/SCRIPT.py`` as a module (registered, as its dataclasses need)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{script}", ROOT / "bench" / f"{script}.py")
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
@@ -423,11 +425,10 @@ def test_the_tables_rebuild_from_the_saved_copy_alone_and_mixed_commits_are_flag
 
 def test_pass_at_k_tables_read_each_runs_final_evaluation(tmp_path: Path, monkeypatch) -> None:
     """``bench/pass_at_k.py``: mean@k, pass@4 and pass@k per task (unbiased) over task x seed,
-    paired per task against the reference arm; a run not evaluated on a panel says so."""
+    paired per task against the reference arm; greedy success on a greedy panel, paired
+    where the reference ran; a run not evaluated on a panel says so."""
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location("bench_pass_at_k", ROOT / "bench" / "pass_at_k.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench("pass_at_k")
     root = tmp_path / "textworld"
     samples = {  # task -> successes of 8 samples, per arm (the same in every seed)
         "bapo+scaling-inter": {"a": [1] * 8, "b": [1, 0, 0, 0, 0, 0, 0, 0], "c": [0] * 8},
@@ -440,7 +441,8 @@ def test_pass_at_k_tables_read_each_runs_final_evaluation(tmp_path: Path, monkey
             (folder / "final-eval" / "test").mkdir(parents=True)
             (folder / "final-eval" / "test" / "outcomes.json").write_text(json.dumps(successes))
     arms = list(samples)
-    table = bench.pass_table(root, arms, [0, 1], "test", 8, "bc-continued")
+    panels = bench.PANELS["textworld"]
+    table = bench.pass_table(root, arms, [0, 1], "test", panels["test"], 8, "bc-continued")
     cells = {column.header: column._cells for column in table.columns}
     assert cells["mean@8"][0].startswith(f"{100 * (8 + 1) / 24:.1f} ")
     assert cells["pass@4"][0].startswith(f"{100 * (1 + 0.5) / 3:.1f} ")  # b: 1 - C(7,4)/C(8,4) = 0.5
@@ -449,8 +451,19 @@ def test_pass_at_k_tables_read_each_runs_final_evaluation(tmp_path: Path, monkey
         heldout.compare([({"a": 1.0, "b": 0.0, "c": 0.0}, {"a": 1.0, "b": 1.0, "c": 0.0})] * 2).gain.points(),
         "",
     ]
-    ood = bench.pass_table(root, arms, [0, 1], "ood", 8, "bc-continued")
+    ood = bench.pass_table(root, arms, [0, 1], "ood", panels["ood"], 8, "bc-continued")
     assert ood.columns[2]._cells == ["not evaluated yet"] * 2
+    for seed, arm in [(0, "bapo+scaling-inter"), (1, "bapo+scaling-inter"), (0, "bc-continued")]:
+        greedy = bench.run_dir(root, arm, seed) / "final-eval" / "ood-greedy"
+        greedy.mkdir(parents=True)  # one greedy episode a task
+        (greedy / "outcomes.json").write_text(json.dumps({t: s[:1] for t, s in samples[arm].items()}))
+    table = bench.pass_table(root, arms, [0, 1], "ood-greedy", panels["ood-greedy"], 8, "bc-continued")
+    cells = {column.header: column._cells for column in table.columns}
+    assert cells["seeds"] == ["2", "1"] and cells["success"][0].startswith(f"{100 * 2 / 3:.1f} ")
+    assert cells["success vs bc-continued (paired)"] == [  # seed 1 has no reference run
+        heldout.compare([({"a": 1.0, "b": 0.0, "c": 0.0}, {"a": 1.0, "b": 1.0, "c": 0.0})]).gain.points(),
+        "",
+    ]
 
 
 def test_a_whole_run_variant_clones_its_own_start(tmp_path: Path, monkeypatch) -> None:
