@@ -77,15 +77,16 @@ def main() -> None:
     if args.k < 4:
         parser.error("--k must be at least 4 (the tables give pass@4)")
     panels = PANELS[args.env]
-    chosen = args.panels.split(",") if args.panels else list(panels)
-    if unknown := sorted(set(chosen) - set(panels)):
+    names = args.panels.split(",") if args.panels else list(panels)
+    if unknown := sorted(set(names) - set(panels)):
         parser.error(f"unknown panels {unknown}; {args.env} has: {', '.join(panels)}")
+    chosen = {name: panels[name] for name in names}
     root, arms = args.out / args.env, args.arms.split(",")
     if not args.report_only:
         for seed in args.seeds:
             for arm in arms:
                 if finished(folder := run_dir(root, arm, seed)):
-                    evaluate(args.env, folder, args.k, {name: panels[name] for name in chosen})
+                    evaluate(args.env, folder, args.k, chosen)
     for name, panel in panels.items():
         console.print(pass_table(root, arms, args.seeds, name, panel, args.k, args.reference))
 
