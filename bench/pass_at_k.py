@@ -1,7 +1,8 @@
 """Evaluation as the field reports RL: mean@k and pass@k at temperature 1 on the final
 checkpoints of ``bench/learning.py``'s runs, on the test panel and the out-of-distribution
 panel, and greedy success on the out-of-distribution panel, each reported once per
-configuration.
+configuration; and how often the exported final model ends its replies by itself on the
+run's last validation evaluation (the stop rate a ``forced_end_coef`` is chosen on).
 
     python bench/pass_at_k.py --out runs/bench-learning --arms bapo+scaling-inter,bc-continued --seeds 0 1 2
     python bench/pass_at_k.py --panels ood-greedy --out runs/bench-learning --arms ... --seeds ...
@@ -11,12 +12,15 @@ Each finished run of ``--out/ENV/ARM/seed-S`` is played by ``agentgym eval --mod
 every panel of :data:`PANELS` (or of ``--panels``): a sampled panel ``--k K --temperature
 1``, a greedy one once a task at temperature 0, both as the run's held-out evaluation
 played (reply format, constrained commands), into ``RUN/final-eval/PANEL`` (an interrupted
-evaluation resumes there). Each task's successes go to ``RUN/final-eval/PANEL/outcomes.json``
-(task -> one 0/1 per episode), which is all the tables read: ``bench/learning.py --save``
-copies it, so the tables rebuild from the repository. Per panel and arm, over task x seed
-with the protocol's 95% interval: a sampled panel's mean@k, pass@4 and pass@k (unbiased,
-per task), paired per task against ``--reference`` on pass@k; a greedy panel's success,
-paired on it.
+evaluation resumes there); a stop panel exports the final checkpoint (``agentgym export``)
+and regenerates every reply of the run's last evaluation on its split in plain
+transformers (``bench/stop_check.py``). Each task's outcomes go to
+``RUN/final-eval/PANEL/outcomes.json`` (task -> one 0/1 per episode, or per reply on a stop
+panel), which is all the tables read: ``bench/learning.py --save`` copies it, so the tables
+rebuild from the repository. Per panel and arm, over task x seed with the protocol's 95%
+interval: a sampled panel's mean@k, pass@4 and pass@k (unbiased, per task), paired per
+task against ``--reference`` on pass@k; a greedy panel's success and a stop panel's stop
+rate, each paired on itself.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from learning import BC_ARM, console, finished, run_dir
 from rich.table import Table
@@ -43,15 +49,17 @@ class Panel:
     split: str
     max_turns: int | None = None
     """None: the run's own held-out limit (8 on textworld)."""
-    greedy: bool = False
-    """One episode a task at temperature 0, as held-out evaluation plays; else k at T = 1."""
+    how: Literal["sampled", "greedy", "stops"] = "sampled"
+    """k episodes a task at T = 1; one at temperature 0, as held-out evaluation plays; or
+    the run's own last evaluation on ``split`` replayed by the exported model."""
 
 
 PANELS = {
     "textworld": {
         "test": Panel("test"),
         "ood": Panel("ood", 16),
-        "ood-greedy": Panel("ood", 16, greedy=True),
+        "ood-greedy": Panel("ood", 16, how="greedy"),
+        "stops-validation": Panel("validation", how="stops"),
     }
 }
 """Env -> panel name -> panel. textworld's ``ood`` split is the next harder difficulty on
@@ -97,8 +105,13 @@ def evaluate(env: str, folder: Path, k: int, panels: dict[str, Panel]) -> None:
         out = folder / FINAL_EVAL / name
         if (out / OUTCOMES).exists():
             continue
+        if panel.how == "stops":
+            check_stops(folder, panel.split, out)
+            continue
         samples = (
-            ["--k", "1", "--temperature", "0"] if panel.greedy else ["--k", str(k), "--temperature", "1"]
+            ["--k", "1", "--temperature", "0"]
+            if panel.how == "greedy"
+            else ["--k", str(k), "--temperature", "1"]
         )
         command = [sys.executable, "-m", "agentgym.cli", "eval", "--env", env, "--model", str(folder)]
         command += ["--split", panel.split, *samples, "--concurrency", "32", "--out", str(out)]
@@ -106,6 +119,23 @@ def evaluate(env: str, folder: Path, k: int, panels: dict[str, Panel]) -> None:
         console.print(f"[bold]{folder} on {name}[/bold]: {' '.join(command)}")
         subprocess.run(command, check=True)
         (out / OUTCOMES).write_text(json.dumps(task_successes(out / "trajectories.jsonl"), indent=1) + "\n")
+
+
+def check_stops(folder: Path, split: str, out: Path) -> None:
+    """``folder``'s final checkpoint exported, replaying the run's last ``split`` evaluation."""
+    last = max((folder / "rollouts" / split).glob("step-*.jsonl"))
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as exported:
+        model = Path(exported) / "model"
+        subprocess.run(
+            [sys.executable, "-m", "agentgym.cli", "export", str(folder), "--out", str(model)], check=True
+        )
+        check = [sys.executable, str(Path(__file__).with_name("stop_check.py")), str(model), str(last)]
+        console.print(f"[bold]{folder} stops on {last.name}[/bold]")
+        summary = subprocess.run(
+            [*check, "--outcomes", str(out / OUTCOMES)], check=True, capture_output=True, text=True
+        )
+    (out / "stops.json").write_text(summary.stdout)
 
 
 def task_successes(trajectories: Path) -> dict[str, list[int]]:
@@ -117,14 +147,15 @@ def task_successes(trajectories: Path) -> dict[str, list[int]]:
 
 
 def pass_ks(panel: Panel, k: int) -> list[int]:
-    """The pass@j a panel's table gives: 4 and k on a sampled panel, none on a greedy one."""
-    return [] if panel.greedy else sorted({4, k})
+    """The pass@j a panel's table gives: 4 and k on a sampled panel, none on the others."""
+    return sorted({4, k}) if panel.how == "sampled" else []
 
 
 def figures(panel: Panel, k: int) -> list[str]:
-    """The figures a panel's table gives, the paired one last: success, or mean@k, pass@4
-    and pass@k."""
-    return ["success" if panel.greedy else f"mean@{k}", *(f"pass@{j}" for j in pass_ks(panel, k))]
+    """The figures a panel's table gives, the paired one last: success, stopped, or mean@k,
+    pass@4 and pass@k."""
+    first = {"sampled": f"mean@{k}", "greedy": "success", "stops": "stopped"}[panel.how]
+    return [first, *(f"pass@{j}" for j in pass_ks(panel, k))]
 
 
 def per_task(folder: Path, name: str, panel: Panel, k: int) -> dict[str, dict[str, float]]:
@@ -146,7 +177,9 @@ def pass_table(
     root: Path, arms: list[str], seeds: list[int], name: str, panel: Panel, k: int, reference: str
 ) -> Table:
     """Per arm: the panel's figures over task x seed, and the last one paired against ``reference``."""
-    how = "greedy" if panel.greedy else f"at T = 1, k = {k}"
+    how = {"sampled": f"at T = 1, k = {k}", "greedy": "greedy", "stops": "exported, replies that end"}[
+        panel.how
+    ]
     table = Table(title=f"{root.name}, {name} panel: final checkpoints {how}, % [95% interval]")
     shown = figures(panel, k)
     columns = ["arm", "seeds", *shown, f"{shown[-1]} vs {reference} (paired)"]

@@ -426,7 +426,8 @@ def test_the_tables_rebuild_from_the_saved_copy_alone_and_mixed_commits_are_flag
 def test_pass_at_k_tables_read_each_runs_final_evaluation(tmp_path: Path, monkeypatch) -> None:
     """``bench/pass_at_k.py``: mean@k, pass@4 and pass@k per task (unbiased) over task x seed,
     paired per task against the reference arm; greedy success on a greedy panel, paired
-    where the reference ran; a run not evaluated on a panel says so."""
+    where the reference ran, and the stop rate on a stop panel; a run not evaluated on a
+    panel says so."""
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     bench = load_bench("pass_at_k")
     root = tmp_path / "textworld"
@@ -464,6 +465,10 @@ def test_pass_at_k_tables_read_each_runs_final_evaluation(tmp_path: Path, monkey
         heldout.compare([({"a": 1.0, "b": 0.0, "c": 0.0}, {"a": 1.0, "b": 1.0, "c": 0.0})]).gain.points(),
         "",
     ]
+    stops = bench.pass_table(
+        root, arms, [0], "stops-validation", panels["stops-validation"], 8, "bc-continued"
+    )
+    assert [column.header for column in stops.columns][2:] == ["stopped", "stopped vs bc-continued (paired)"]
 
 
 def test_a_whole_run_variant_clones_its_own_start(tmp_path: Path, monkeypatch) -> None:

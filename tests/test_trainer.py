@@ -94,12 +94,14 @@ def test_the_learned_model_ends_its_replies_and_plays_outside_the_trainer(
     code, output = run_cli("export", str(choice_run), "--out", str(exported))
     assert code == 0, output
     check = subprocess.run(
-        [sys.executable, "bench/stop_check.py", str(exported), str(held_out)],
+        [sys.executable, "bench/stop_check.py", str(exported), str(held_out), "--outcomes", str(tmp_path / "o.json")],
         capture_output=True, text=True, timeout=300, cwd=REPO,
     )  # fmt: skip
     stops = json.loads(check.stdout.splitlines()[-1])
     assert stops["max_new_tokens"] == 6 and stops["replies"] == 16, check.stdout + check.stderr
     assert stops["stopped"] == 16 and stops["same_as_recorded"] >= 15, stops
+    per_task = json.loads((tmp_path / "o.json").read_text())  # bench/pass_at_k.py's stop panel
+    assert sum(map(len, per_task.values())) == 16 and sum(map(sum, per_task.values())) == 16
 
     with served_model(choice_run) as base_url:
         assert httpx.get(f"{base_url}/models").json()["data"][0]["id"] == str(choice_run)
