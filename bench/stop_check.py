@@ -15,46 +15,61 @@ bench/RESULTS.md."""
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 
-def turns(trajectories: Path):
-    """(task id, conversation before the reply, the recorded reply) for every assistant turn."""
+def episodes(trajectories: Path):
+    """(task id, [(conversation before the reply, the recorded reply) per assistant turn])."""
     for line in trajectories.read_text().splitlines():
         record = json.loads(line)
         messages = [{"role": m["role"], "content": m["content"]} for m in record["messages"]]
-        for index, message in enumerate(messages):
-            if message["role"] == "assistant":
-                yield record["task_id"], messages[:index], message["content"]
+        turns = [(messages[:i], m["content"]) for i, m in enumerate(messages) if m["role"] == "assistant"]
+        yield record["task_id"], turns
 
 
+def replay(model, tokenizer, turns):
+    """(greedy reply ids, P(end token | the recorded command)) per turn of one episode. Each
+    turn's prompt extends the last one's, so the conversation's KV cache is kept and only new
+    tokens are computed (a prompt that does not extend it starts a fresh cache)."""
+    cache, cached = DynamicCache(), []
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    for before, recorded in turns:
+        ids = tokenizer.apply_chat_template(before, add_generation_prompt=True, return_dict=True)["input_ids"]
+        if ids[: len(cached)] != cached:
+            cache, cached = DynamicCache(), []
+        if len(ids) - 1 > len(cached):  # the cache holds all but the prompt's last token
+            model(torch.tensor([ids[len(cached) : -1]]), past_key_values=cache)
+            cached = ids[:-1]
+        prompt = torch.tensor([ids])
+        reply = model.generate(
+            prompt, attention_mask=torch.ones_like(prompt), past_key_values=copy.deepcopy(cache)
+        )
+        command = tokenizer(recorded, add_special_tokens=False).input_ids
+        logits = model(torch.tensor([ids[-1:] + command]), past_key_values=copy.deepcopy(cache)).logits[0, -1]
+        yield reply[0, len(ids) :].tolist(), float(torch.softmax(logits.float(), -1)[end])
+
+
+@torch.no_grad()
 def main(folder: Path, trajectories: Path, outcomes: Path | None = None) -> dict:
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     config = model.generation_config
     stops = set(config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id])
-    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     stopped = same = 0
     p_end: list[float] = []
     by_task: dict[str, list[int]] = {}
-    for task, before, recorded in turns(trajectories):
-        prompt = tokenizer.apply_chat_template(
-            before, add_generation_prompt=True, return_tensors="pt", return_dict=True
-        )
-        ids = prompt["input_ids"]
-        with torch.no_grad():
-            reply = model.generate(ids, attention_mask=torch.ones_like(ids))[0, ids.shape[1] :].tolist()
-            command = tokenizer(recorded, add_special_tokens=False).input_ids
-            logits = model(torch.tensor([ids[0].tolist() + command])).logits[0, -1]
-        p_end.append(float(torch.softmax(logits.float(), -1)[end]))
-        stop = bool(reply) and reply[-1] in stops
-        by_task.setdefault(task, []).append(int(stop))
-        stopped += stop
-        same += tokenizer.decode(reply, skip_special_tokens=True).strip() == recorded.strip()
+    for task, turns in episodes(trajectories):
+        for (_, recorded), (reply, p) in zip(turns, replay(model, tokenizer, turns), strict=True):
+            p_end.append(p)
+            stop = bool(reply) and reply[-1] in stops
+            by_task.setdefault(task, []).append(int(stop))
+            stopped += stop
+            same += tokenizer.decode(reply, skip_special_tokens=True).strip() == recorded.strip()
     if outcomes:
         outcomes.write_text(json.dumps(dict(sorted(by_task.items())), indent=1) + "\n")
     return {
