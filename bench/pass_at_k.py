@@ -67,6 +67,12 @@ held-out seeds; the expert wins each of its 32 games within 12 turns (30 within 
 bench/RESULTS.md), so 16 leaves a policy room for two wrong moves and back where the easy
 panel's 8 leaves none on its longest games. Its greedy panel costs an eighth of the
 sampled one (a sampled OOD panel takes about 40 minutes a run here)."""
+SHOWN = {
+    "sampled": ("mean@{k}", "at T = 1, k = {k}"),
+    "greedy": ("success", "greedy"),
+    "stops": ("stopped", "exported, replies that end"),
+}
+"""How a panel plays -> its table's first figure and how its title says it was played."""
 FINAL_EVAL = "final-eval"
 OUTCOMES = "outcomes.json"
 
@@ -154,8 +160,7 @@ def pass_ks(panel: Panel, k: int) -> list[int]:
 def figures(panel: Panel, k: int) -> list[str]:
     """The figures a panel's table gives, the paired one last: success, stopped, or mean@k,
     pass@4 and pass@k."""
-    first = {"sampled": f"mean@{k}", "greedy": "success", "stops": "stopped"}[panel.how]
-    return [first, *(f"pass@{j}" for j in pass_ks(panel, k))]
+    return [SHOWN[panel.how][0].format(k=k), *(f"pass@{j}" for j in pass_ks(panel, k))]
 
 
 def per_task(folder: Path, name: str, panel: Panel, k: int) -> dict[str, dict[str, float]]:
@@ -177,9 +182,7 @@ def pass_table(
     root: Path, arms: list[str], seeds: list[int], name: str, panel: Panel, k: int, reference: str
 ) -> Table:
     """Per arm: the panel's figures over task x seed, and the last one paired against ``reference``."""
-    how = {"sampled": f"at T = 1, k = {k}", "greedy": "greedy", "stops": "exported, replies that end"}[
-        panel.how
-    ]
+    how = SHOWN[panel.how][1].format(k=k)
     table = Table(title=f"{root.name}, {name} panel: final checkpoints {how}, % [95% interval]")
     shown = figures(panel, k)
     columns = ["arm", "seeds", *shown, f"{shown[-1]} vs {reference} (paired)"]

@@ -60,21 +60,19 @@ def main(folder: Path, trajectories: Path, outcomes: Path | None = None) -> dict
     tokenizer = AutoTokenizer.from_pretrained(folder)
     config = model.generation_config
     stops = set(config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id])
-    stopped = same = 0
+    same = 0
     p_end: list[float] = []
     by_task: dict[str, list[int]] = {}
     for task, turns in episodes(trajectories):
         for (_, recorded), (reply, p) in zip(turns, replay(model, tokenizer, turns), strict=True):
             p_end.append(p)
-            stop = bool(reply) and reply[-1] in stops
-            by_task.setdefault(task, []).append(int(stop))
-            stopped += stop
+            by_task.setdefault(task, []).append(int(bool(reply) and reply[-1] in stops))
             same += tokenizer.decode(reply, skip_special_tokens=True).strip() == recorded.strip()
     if outcomes:
         outcomes.write_text(json.dumps(dict(sorted(by_task.items())), indent=1) + "\n")
     return {
         "replies": len(p_end),
-        "stopped": stopped,
+        "stopped": sum(map(sum, by_task.values())),
         "same_as_recorded": same,
         "max_new_tokens": config.max_new_tokens,
         "mean_p_end": round(sum(p_end) / len(p_end), 3),
