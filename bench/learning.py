@@ -82,6 +82,9 @@ CAPTION = (
 )
 START = "_bc-start"
 """The folder of each seed's behaviour-cloning run, which every arm starts from."""
+FINAL_EVAL = "final-eval"
+"""A run's evaluations of its final checkpoint (``bench/pass_at_k.py``): the cloned start's
+are its own, so a fork does not inherit them."""
 ARMS: dict[str, dict[str, Any]] = {
     "bapo+scaling-inter": {"algo": "bapo", "schedule": "scaling-inter"},
     "bapo+fixed": {"algo": "bapo", "schedule": "fixed"},
@@ -237,7 +240,9 @@ def fork(start: Path, folder: Path, config: TrainConfig) -> None:
     shutil.copytree(
         start,
         folder,
-        ignore=shutil.ignore_patterns("heldout.json", "manifest.json", "curves.png", "tensorboard"),
+        ignore=shutil.ignore_patterns(
+            "heldout.json", "manifest.json", "curves.png", "tensorboard", FINAL_EVAL
+        ),
     )
     config.save(folder / "config.yaml")
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from learning import BC_ARM, console, finished, run_dir
+from learning import BC_ARM, FINAL_EVAL, console, finished, run_dir
 from rich.table import Table
 
 from agentgym.play.evaluation import pass_at_k
@@ -73,7 +73,6 @@ SHOWN = {
     "stops": ("stopped", "exported, replies that end"),
 }
 """How a panel plays -> its table's first figure and how its title says it was played."""
-FINAL_EVAL = "final-eval"
 OUTCOMES = "outcomes.json"
 
 

@@ -21,6 +21,7 @@ import yaml
 from agentgym.contract import cache
 from agentgym.policies.models import ModelSource
 from agentgym.trainers import heldout, manifest
+from agentgym.trainers.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -469,6 +470,22 @@ def test_pass_at_k_tables_read_each_runs_final_evaluation(tmp_path: Path, monkey
         root, arms, [0], "stops-validation", panels["stops-validation"], 8, "bc-continued"
     )
     assert [column.header for column in stops.columns][2:] == ["stopped", "stopped vs bc-continued (paired)"]
+
+
+def test_a_fork_starts_without_its_cloned_starts_final_evaluations(tmp_path: Path) -> None:
+    """An arm forked from a cloned start that ``pass_at_k.py`` already evaluated carries the
+    start's checkpoints and history but not its final-checkpoint outcomes, which would
+    otherwise stand in for the arm's own (the evaluation skips a panel already done)."""
+    bench = load_bench()
+    start = tmp_path / bench.START / "seed-0"
+    fake_run(start, 2, 0, {"a": 1.0}, {"a": 1.0}, sha=None)
+    (start / bench.FINAL_EVAL / "ood-greedy").mkdir(parents=True)
+    (start / bench.FINAL_EVAL / "ood-greedy" / "outcomes.json").write_text('{"a": [1]}')
+    fork = tmp_path / "fe-1" / "seed-0"
+    bench.fork(start, fork, TrainConfig(forced_end_coef=1.0))
+    assert (fork / "metrics.jsonl").read_text() == (start / "metrics.jsonl").read_text()
+    assert yaml.safe_load((fork / "config.yaml").read_text())["forced_end_coef"] == 1.0
+    assert not (fork / bench.FINAL_EVAL).exists()
 
 
 def test_a_whole_run_variant_clones_its_own_start(tmp_path: Path, monkeypatch) -> None:
