@@ -62,7 +62,7 @@ def test_behaviour_and_learner_log_probs_are_those_of_the_masked_distribution(ti
     }
     batch = collate([record], [1.0], pad_id=0)
     with torch.no_grad():
-        logp, entropy, _ = learner.logprobs(batch, with_entropy=True)
+        logp, entropy = learner.logprobs(batch, with_entropy=True)[:2]
     agent = batch.loss_mask[0].bool()
     assert logp[0][agent].tolist() == pytest.approx(reply.logprobs, abs=1e-4)  # ratio 1 at the same weights
     assert torch.exp(logp[0][agent] - batch.old_logp[0][agent]).tolist() == pytest.approx(
@@ -80,7 +80,7 @@ def test_behaviour_and_learner_log_probs_are_those_of_the_masked_distribution(ti
 
     free_record = {**record, "reply_choices": None}  # scored without the mask: the model's own
     with torch.no_grad():
-        unmasked, _, _ = learner.logprobs(collate([free_record], [1.0], pad_id=0))
+        unmasked = learner.logprobs(collate([free_record], [1.0], pad_id=0)).logp
     assert unmasked[0][agent].tolist() == pytest.approx(free, abs=1e-4)
 
 
@@ -131,15 +131,7 @@ def test_rl_keeps_the_forced_end_token_likely_without_the_mask_only_with_its_ter
             return float(learner.logprobs(batch)[2][end].mean())
 
     before = free_end_logp()
-    trainer = SimpleNamespace(
-        config=config,
-        learner=learner,
-        dp=DataParallel(),
-        version=0,
-        minibatch=lambda b: b.weighted("token-mean"),
-    )
-    for _ in range(5):
-        clipped_update(trainer, trainer.minibatch(batch), kl_coef=0.0)
+    train_on(config, learner, batch, 5)
     with torch.no_grad():
         masked = learner.logprobs(batch)[0][end]
     assert masked.abs().max() < 1e-6  # forced: probability 1 under the mask, before and after
@@ -151,6 +143,13 @@ def test_rl_keeps_the_forced_end_token_likely_without_the_mask_only_with_its_ter
 def update_context(config: TrainConfig, learner: Learner) -> SimpleNamespace:
     """What ``clipped_update`` reads of a trainer."""
     return SimpleNamespace(config=config, learner=learner, dp=DataParallel(), version=0)
+
+
+def train_on(config: TrainConfig, learner: Learner, batch: TokenBatch, updates: int) -> None:
+    """``updates`` clipped updates on the whole of ``batch``, token-mean."""
+    run = update_context(config, learner)
+    for _ in range(updates):
+        clipped_update(run, batch.weighted("token-mean"), kl_coef=0.0)
 
 
 def test_zero_advantage_episodes_carry_no_forced_end_term_so_leaving_them_out_is_exact(
@@ -208,3 +207,58 @@ def test_an_update_without_any_advantage_reports_no_entropy(tiny_model_dir: Path
     assert figures["skipped_episodes"] == 3 and "entropy" not in figures
     assert [u["advantage_rows"] for u in figures["updates"]] == [0]
     assert "entropy" in update_policy(trainer, forced_end_batch(learner), kl_coef=0.0)
+
+
+def test_command_mass_is_the_free_probability_of_the_allowed_ids_where_the_decoder_chose(
+    tiny_model_dir: Path,
+) -> None:
+    """At a constrained token other than a forced end, ``command_logmass`` is log Σ softmax
+    over the ids allowed there, by hand from the model's logits; 0 at a forced end (its own
+    term) and on free tokens; absent unless asked for."""
+    learner = Learner(TrainConfig(model=str(tiny_model_dir)), HFPolicy(str(tiny_model_dir)), DataParallel())
+    batch = forced_end_batch(learner)
+    with torch.no_grad():
+        assert learner.logprobs(batch).command_logmass is None
+        mass = learner.logprobs(batch, with_command_mass=True).command_logmass
+        logits = learner.model(input_ids=batch.input_ids).logits.float()
+    allowed = {2: [6, 7], 3: [8, 9]}  # [7, 8, 2] and [7, 9, 2]: the second token; 2 is forced
+    for row, ids in enumerate(batch.input_ids.tolist()):
+        expected = [0.0] * len(ids)
+        for position in range(2, len(ids)):
+            if (held := allowed.get(position)) and not (position == 3 and ids[2] == 6):
+                expected[position] = float(
+                    torch.log_softmax(logits[row, position - 1], -1)[held].logsumexp(0)
+                )
+        assert mass[row].tolist() == pytest.approx(expected, abs=1e-4)
+
+
+def free_mass_gain(model_dir: Path, coef: float, updates: int = 10) -> float:
+    """How much ``updates`` clipped updates of the forced-end batch raise the mean free
+    log-mass of the allowed ids where two or more were allowed, at ``command_mass_coef``."""
+    torch.manual_seed(0)
+    config = TrainConfig(
+        model=str(model_dir), temperature=1.0, learning_rate=1e-2, forced_end_coef=0.0, command_mass_coef=coef
+    )
+    learner = Learner(config, HFPolicy(str(model_dir)), DataParallel())
+    batch = forced_end_batch(learner)
+    held = batch.allowed[..., 1] >= 0
+
+    def free_mass() -> float:
+        with torch.no_grad():
+            return float(learner.logprobs(batch, with_command_mass=True).command_logmass[held].mean())
+
+    before = free_mass()
+    train_on(config, learner, batch, updates)
+    print(f"\ncommand_mass_coef {coef}: free log-mass of the allowed ids {before:.3f} -> {free_mass():.3f}")
+    return free_mass() - before
+
+
+def test_rl_keeps_free_generation_on_the_commands_only_with_the_command_mass_term(
+    tiny_model_dir: Path,
+) -> None:
+    """The surrogate is over the distribution renormalised on the allowed ids, so it hardly
+    moves the mass outside them (the tiny model's allowed ids start near e^-10 of it); the
+    command-mass term raises it."""
+    without, with_term = free_mass_gain(tiny_model_dir, 0.0), free_mass_gain(tiny_model_dir, 1.0)
+    assert abs(without) < 0.2
+    assert with_term > without + 0.25

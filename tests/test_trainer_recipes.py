@@ -186,7 +186,7 @@ def test_the_minibatch_loss_is_the_token_mean_over_all_micro_batches(tiny_model_
     batch = collate(records, per_episode.tolist(), pad_id=0).weighted("token-mean")
 
     def constant_loss(micro):  # loss 1 on the short episodes' tokens, 0 on the long ones'
-        logp, _, _ = learner.logprobs(micro)
+        logp = learner.logprobs(micro).logp
         return micro.advantages + 0 * logp
 
     # Micro-batches of 2 (sorted by length): a mean of micro-batch means would be 0.5.

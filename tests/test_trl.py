@@ -137,10 +137,11 @@ TINY_BAPO = dict(
     algo="bapo", env="textworld", schedule="scaling-inter", rounds=[1, 2], interval=1, bc_steps=0, steps=2,
     tasks_per_step=2, group_size=4, max_new_tokens=6, minibatch_size=4, micro_batch_size=2, ppo_epochs=2,
     curriculum="all", entropy_coef=0.05, lora=False, learning_rate=5e-3, loss_aggregation="token-mean",
+    command_mass_coef=0.5,
 )  # fmt: skip
 """BAPO on textworld with the tiny model, all weights trained: two rounds (ScalingInter-RL's
 horizon 1, then 2), two passes over each round's episodes, so the second pass is
-off-policy and BAPO's search acts; an entropy term, and the forced-end term, on."""
+off-policy and BAPO's search acts; an entropy term, the forced-end and command-mass terms, on."""
 
 
 def tiny_bapo_config(model_dir: Path, **overrides: Any) -> TrainConfig:

@@ -168,6 +168,10 @@ class TokenScores(NamedTuple):
     forced_end_logp: Tensor
     """Where a constrained reply's last token was forced (the end of a complete command, the
     only token allowed there): its log-prob under the model's own, unmasked distribution."""
+    command_logmass: Tensor | None = None
+    """Where the decoder held any other token of a reply to the turn's commands: the log of
+    the probability the model's own, unmasked distribution gives the allowed ids there (how
+    likely generation without the decoder stays on a command). None unless asked for."""
 
 
 def sequence_logprobs(
@@ -180,6 +184,7 @@ def sequence_logprobs(
     with_entropy: bool = False,
     allowed: Tensor | None = None,
     position_ids: Tensor | None = None,
+    with_command_mass: bool = False,
 ) -> TokenScores:
     """Per-token ``log π(x_t | x_<t)`` at ``temperature`` (and π's entropy there), aligned
     with ``input_ids``; 0 where not computed.
@@ -190,7 +195,9 @@ def sequence_logprobs(
     policy's. A forced token's (one allowed id) log-prob is then 0 whatever the weights, so
     RL cannot move it; at a reply's end that is the token that stops generation, and
     ``forced_end_logp`` is its log-prob without the mask, for the term that keeps the model
-    able to stop unaided (``TrainConfig.forced_end_coef``).
+    able to stop unaided (``TrainConfig.forced_end_coef``). ``with_command_mass`` adds
+    ``command_logmass`` at the other constrained tokens, for the term that keeps the model
+    on the commands unaided (``TrainConfig.command_mass_coef``).
 
     ``positions`` ([B, T], e.g. the loss mask) limits the work to those tokens: the output
     layer and the softmax over the vocabulary (49k entries for SmolLM2, the largest tensor
@@ -226,10 +233,14 @@ def sequence_logprobs(
     targets = input_ids[:, 1:][wanted][:, None]
     kept = None if allowed is None else vocabulary_mask(allowed[:, 1:][wanted], logits.shape[-1])
     forced_end = torch.zeros(targets.shape[0], dtype=logits.dtype, device=logits.device)
+    command_mass = torch.zeros_like(forced_end) if with_command_mass else None
     if kept is not None:
         ends = (wanted & ~torch.nn.functional.pad(wanted[:, 1:], (0, 1)))[wanted]  # a reply's last token
         at = ends & (kept.sum(-1) == 1)  # one row each: the free softmax costs next to nothing
         forced_end[at] = torch.log_softmax(logits[at], dim=-1).gather(-1, targets[at]).squeeze(-1)
+        if command_mass is not None:
+            held = ~kept.all(-1) & ~at
+            command_mass[held] = log_allowed_mass(logits[held], kept[held])
         logits = logits.masked_fill(~kept, float("-inf"))
     logp_all = torch.log_softmax(logits, dim=-1)
     entropy = None
@@ -238,8 +249,16 @@ def sequence_logprobs(
         entropy = -(logp_all.exp() * finite).sum(-1)
     picked = logp_all.gather(-1, targets).squeeze(-1)
     return TokenScores(
-        *(None if row is None else aligned(row, wanted) for row in (picked, entropy, forced_end))
+        *(
+            None if row is None else aligned(row, wanted)
+            for row in (picked, entropy, forced_end, command_mass)
+        )
     )
+
+
+def log_allowed_mass(logits: Tensor, kept: Tensor) -> Tensor:
+    """``log Σ_{v kept} softmax(logits)_v`` per row ([N, V] logits and bool mask)."""
+    return torch.logsumexp(logits.masked_fill(~kept, float("-inf")), dim=-1) - torch.logsumexp(logits, dim=-1)
 
 
 def aligned(values: Tensor, wanted: Tensor) -> Tensor:

@@ -273,6 +273,14 @@ class TrainConfig:
     a model that has not learned to stop (no cloning) the term is larger (-log p(end) near
     4.6 a reply) and competes with the RL gradient; lower it if such a run does not learn.
     0: off; free text has none."""
+    command_mass_coef: float = 0.0
+    """Weight of the log of the probability the model's own, unmasked distribution gives the
+    ids the constrained decoder allowed, at every other constrained token of a reply (those
+    that begin or continue one of the turn's commands). The clipped surrogate is over the
+    renormalised, masked distribution, so it never trains the mass outside the allowed ids:
+    RL can let it grow, and the exported model, free of the decoder, then leaves the command
+    the agent would choose (bench/RESULTS.md). Counted on the same episodes as
+    ``forced_end_coef``. 0: off."""
     dynamic_sampling: bool | None = None
     """Drop groups whose rewards are all equal and play new groups in their place, up to
     ``max_refills`` rounds per step (DAPO). None: the algorithm's (dapo: on, else off)."""

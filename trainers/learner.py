@@ -20,7 +20,7 @@ from torch import Tensor
 from agentgym.policies.adapters import adapt
 from agentgym.policies.hf import HFPolicy
 from agentgym.trainers.algorithms import Prepass
-from agentgym.trainers.batch import TokenBatch, sequence_logprobs
+from agentgym.trainers.batch import TokenBatch, TokenScores, sequence_logprobs
 from agentgym.trainers.distributed import DataParallel
 
 PerTokenLoss = Callable[[TokenBatch], Tensor]
@@ -55,10 +55,16 @@ class Learner:
     # ----- log-probs -------------------------------------------------------------------
 
     def logprobs(
-        self, batch: TokenBatch, *, temperature: float | None = None, with_entropy: bool = False
-    ) -> tuple[Tensor, Tensor | None]:
-        """Log-probs (and entropies) of ``batch``'s agent tokens under the current weights, at
-        the sampling temperature unless told otherwise; ``batch`` goes to the model's device."""
+        self,
+        batch: TokenBatch,
+        *,
+        temperature: float | None = None,
+        with_entropy: bool = False,
+        with_command_mass: bool = False,
+    ) -> TokenScores:
+        """Log-probs (and entropies, command masses: :class:`TokenScores`) of ``batch``'s agent
+        tokens under the current weights, at the sampling temperature unless told otherwise;
+        ``batch`` goes to the model's device."""
         batch = batch.to(self.device)
         return sequence_logprobs(
             self.model,
@@ -69,6 +75,7 @@ class Learner:
             with_entropy=with_entropy,
             allowed=batch.allowed,
             position_ids=batch.position_ids,
+            with_command_mass=with_command_mass,
         )
 
     def reference_logprobs(self, micro: TokenBatch) -> Tensor:

@@ -123,8 +123,8 @@ def clipped_update(
     run: UpdateContext, minibatch: TokenBatch, kl_coef: float, on_policy: bool = False
 ) -> dict[str, float]:
     """One optimizer step of ``-min(r·A, clip(r)·A) - entropy_coef·H + kl_coef·KL -
-    forced_end_coef·log π_free(forced end)`` with the bounds of the configured clip rule;
-    figures summed over every micro-batch and rank."""
+    forced_end_coef·log π_free(forced end) - command_mass_coef·log π_free(allowed)`` with the
+    bounds of the configured clip rule; figures summed over every micro-batch and rank."""
     config, learner = run.config, run.learner
     bounds = CLIP_RULES[config.clip_rule](config, lambda: learner.prepass(minibatch, on_policy))
     # Σw·H, P, N, held low, held high, tokens, ΣKL behaviour→current, Σw, ΣKL to the reference, forced
@@ -132,7 +132,9 @@ def clipped_update(
     ratios: list[torch.Tensor] = []
 
     def per_token_loss(micro: TokenBatch) -> torch.Tensor:
-        logp, entropy, forced_end_logp = learner.logprobs(micro, with_entropy=True)
+        logp, entropy, forced_end_logp, command_logmass = learner.logprobs(
+            micro, with_entropy=True, with_command_mass=bool(config.command_mass_coef)
+        )
         loss = clipped_surrogate(
             logp,
             micro.old_logp,
@@ -143,11 +145,15 @@ def clipped_update(
         )
         # The end token the constrained decoder forced after a complete command carries no RL
         # gradient; without this term the model loses the habit of ending a reply by itself and
-        # runs on outside the decoder (`take iron take iron ...`; bench/RESULTS.md). It rides on
-        # the episodes the surrogate trains (a non-zero advantage), under every algorithm, so
-        # leaving the others out (`carrying_gradient`) never changes the loss.
-        forced_end_logp = forced_end_logp * carries_advantage(micro)
-        loss = loss - config.entropy_coef * entropy - config.forced_end_coef * forced_end_logp
+        # runs on outside the decoder (`take iron take iron ...`; bench/RESULTS.md). The
+        # surrogate, renormalised over the allowed ids, leaves the mass outside them free to
+        # grow as well: the command-mass term keeps free generation on the commands. Both ride
+        # on the episodes the surrogate trains (a non-zero advantage), under every algorithm,
+        # so leaving the others out (`carrying_gradient`) never changes the loss.
+        unaided = config.forced_end_coef * forced_end_logp
+        if command_logmass is not None:
+            unaided = unaided + config.command_mass_coef * command_logmass
+        loss = loss - config.entropy_coef * entropy - unaided * carries_advantage(micro)
         kl_ref = kl_k3(logp, learner.reference_logprobs(micro)) if kl_coef else torch.zeros_like(logp)
         loss = loss + kl_coef * kl_ref
         with torch.no_grad():

@@ -125,16 +125,18 @@ class AgentGymGRPOTrainer(GRPOTrainer):
             behaviour, self._behaviour = widened(self._behaviour, logits_to_keep), None
             return behaviour.to(input_ids.device), None, None
         allowed, agent = (widened(t, logits_to_keep) for t in self._scoring)
-        scores = self._masked_scores(model, input_ids, attention_mask, allowed, agent, batch_size)
+        mass = bool(self.agentgym_config.command_mass_coef)
+        scores = self._masked_scores(model, input_ids, attention_mask, allowed, agent, batch_size, mass)
         self._scores = scores
         return scores["logp"], scores["entropy"] if compute_entropy else None, None
 
     def _masked_scores(
         self, model: Any, input_ids: Tensor, attention_mask: Tensor, allowed: Tensor, agent: Tensor,
-        batch_size: int | None = None,
+        batch_size: int | None = None, with_command_mass: bool = False,
     ) -> dict[str, Tensor]:  # fmt: skip
-        """Log-probs, entropies and forced-end log-probs of the completion tokens (the last
-        ``agent.shape[1]`` columns), agent tokens only, in chunks of ``batch_size`` rows."""
+        """The scores of :func:`sequence_logprobs` (those computed, by field name) of the
+        completion tokens (the last ``agent.shape[1]`` columns), agent tokens only, in chunks
+        of ``batch_size`` rows."""
         columns = agent.shape[1]
         before = input_ids.shape[1] - columns
         positions = torch.nn.functional.pad(agent.to(input_ids.device), (before, 0)).long()
@@ -150,10 +152,14 @@ class AgentGymGRPOTrainer(GRPOTrainer):
                 temperature=self.temperature,
                 with_entropy=True,
                 allowed=allowed[rows],
+                with_command_mass=with_command_mass,
             )
-            parts.append([t[:, before:] for t in scores])
-        logp, entropy, forced_end = (torch.cat([p[i] for p in parts]) for i in range(3))
-        return {"logp": logp, "entropy": entropy, "forced_end": forced_end}
+            parts.append(scores._asdict())
+        return {
+            name: torch.cat([p[name][:, before:] for p in parts])
+            for name, first in parts[0].items()
+            if first is not None
+        }
 
     # ----- the loss ---------------------------------------------------------------------
 
@@ -168,9 +174,10 @@ class AgentGymGRPOTrainer(GRPOTrainer):
         loss = super()._compute_loss(model, inputs)
         scores = self._scores
         carries = (inputs["advantages"] != 0).any(dim=1, keepdim=True)
-        ours = (
-            -config.entropy_coef * scores["entropy"] - config.forced_end_coef * scores["forced_end"] * carries
-        )
+        unaided = config.forced_end_coef * scores["forced_end_logp"]
+        if "command_logmass" in scores:
+            unaided = unaided + config.command_mass_coef * scores["command_logmass"]
+        ours = -config.entropy_coef * scores["entropy"] - unaided * carries
         # TRL divides its token sum by the generation batch's tokens per optimizer step on
         # average; our learner by this optimizer step's own (ranks' gradients are averaged).
         trl_norm = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
