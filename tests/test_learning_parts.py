@@ -239,6 +239,9 @@ def test_a_run_evaluates_after_behaviour_cloning_and_at_the_end(
         "bc_steps": 2,
         "bc_episodes": 4,
         "entropy_floor": 100.0,  # any entropy is "collapsed": the warning must reach the record
+        # Keeps every episode in the update, so the step has an entropy reading even when
+        # its groups all scored alike (no advantage: no reading, no warning; a flake under load).
+        "entropy_coef": 1e-4,
         "learning_rate": 1e-3,
         "rl_learning_rate": 2e-4,
     }

@@ -61,14 +61,14 @@ def test_regime_settings_are_sections_checked_by_their_regime_and_flat_keys_stil
 def test_token_logprobs_align_with_tokens() -> None:
     model = tiny_llama()
     ids = torch.tensor([[3, 7, 11, 5, 2]])
-    logp, entropy, _ = sequence_logprobs(model, ids, torch.ones_like(ids), with_entropy=True)
+    logp, entropy = sequence_logprobs(model, ids, torch.ones_like(ids), with_entropy=True)[:2]
     logits = model(input_ids=ids).logits[0]
     for t in range(1, 5):  # token t is predicted from position t-1
         expected = torch.log_softmax(logits[t - 1], -1)[ids[0, t]]
         assert logp[0, t].item() == pytest.approx(expected.item(), abs=1e-5)
     assert logp[0, 0] == 0 and entropy[0, 0] == 0
     assert 0 < entropy[0, 1].item() <= math.log(50) + 1e-5
-    hot, _, _ = sequence_logprobs(model, ids, torch.ones_like(ids), temperature=2.0)
+    hot = sequence_logprobs(model, ids, torch.ones_like(ids), temperature=2.0).logp
     expected = torch.log_softmax(logits[0] / 2.0, -1)[ids[0, 1]]
     assert hot[0, 1].item() == pytest.approx(expected.item(), abs=1e-5)
 
@@ -85,10 +85,10 @@ def test_right_padding_does_not_change_logprobs() -> None:
     assert batch.input_ids.shape == (2, 5) and batch.attention_mask[0].tolist() == [1, 1, 1, 0, 0]
     assert batch.old_logp[0].tolist() == [0, -1.0, -2.0, 0, 0]
     assert batch.old_logp[1].tolist() == [0, 0, -1.0, -2.0, -3.0]
-    padded, _, _ = sequence_logprobs(model, batch.input_ids, batch.attention_mask)
-    alone, _, _ = sequence_logprobs(
+    padded = sequence_logprobs(model, batch.input_ids, batch.attention_mask).logp
+    alone = sequence_logprobs(
         model, torch.tensor([short["token_ids"]]), torch.ones(1, 3, dtype=torch.long)
-    )
+    ).logp
     assert torch.allclose(padded[0, :3], alone[0], atol=1e-5)
     with pytest.raises(ValueError, match="one entry per token"):
         collate([{**short, "logprobs": [-1.0]}], [1.0], pad_id=0)
@@ -148,8 +148,8 @@ def test_logprobs_limited_to_positions_match_the_full_computation() -> None:
     ids = torch.tensor([[3, 7, 11, 5, 2, 9], [4, 4, 8, 1, 0, 0]])
     attention = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
     positions = torch.tensor([[0, 0, 1, 1, 0, 1], [0, 1, 0, 1, 0, 0]])
-    full, full_entropy, _ = sequence_logprobs(model, ids, attention, with_entropy=True)
-    part, part_entropy, _ = sequence_logprobs(model, ids, attention, positions=positions, with_entropy=True)
+    full, full_entropy = sequence_logprobs(model, ids, attention, with_entropy=True)[:2]
+    part, part_entropy = sequence_logprobs(model, ids, attention, positions=positions, with_entropy=True)[:2]
     assert torch.allclose(part, full * positions, atol=1e-5)
     assert torch.allclose(part_entropy, full_entropy * positions, atol=1e-5)
 
