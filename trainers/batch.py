@@ -173,6 +173,12 @@ class TokenScores(NamedTuple):
     the probability the model's own, unmasked distribution gives the allowed ids there (how
     likely generation without the decoder stays on a command). None unless asked for."""
 
+    def unaided_logp(self, forced_end_coef: float, command_mass_coef: float) -> Tensor:
+        """The weighted log-likelihoods that keep the model acting without the constrained
+        decoder (``TrainConfig.forced_end_coef``, ``command_mass_coef``), per token."""
+        total = forced_end_coef * self.forced_end_logp
+        return total if self.command_logmass is None else total + command_mass_coef * self.command_logmass
+
 
 def sequence_logprobs(
     model: torch.nn.Module,

@@ -132,9 +132,8 @@ def clipped_update(
     ratios: list[torch.Tensor] = []
 
     def per_token_loss(micro: TokenBatch) -> torch.Tensor:
-        logp, entropy, forced_end_logp, command_logmass = learner.logprobs(
-            micro, with_entropy=True, with_command_mass=bool(config.command_mass_coef)
-        )
+        scores = learner.logprobs(micro, with_entropy=True, with_command_mass=bool(config.command_mass_coef))
+        logp, entropy = scores.logp, scores.entropy
         loss = clipped_surrogate(
             logp,
             micro.old_logp,
@@ -150,9 +149,7 @@ def clipped_update(
         # grow as well: the command-mass term keeps free generation on the commands. Both ride
         # on the episodes the surrogate trains (a non-zero advantage), under every algorithm,
         # so leaving the others out (`carrying_gradient`) never changes the loss.
-        unaided = config.forced_end_coef * forced_end_logp
-        if command_logmass is not None:
-            unaided = unaided + config.command_mass_coef * command_logmass
+        unaided = scores.unaided_logp(config.forced_end_coef, config.command_mass_coef)
         loss = loss - config.entropy_coef * entropy - unaided * carries_advantage(micro)
         kl_ref = kl_k3(logp, learner.reference_logprobs(micro)) if kl_coef else torch.zeros_like(logp)
         loss = loss + kl_coef * kl_ref

@@ -28,7 +28,7 @@ from trl import GRPOTrainer
 
 from agentgym.policies.chat import stop_token_ids
 from agentgym.trainers.algorithms import ADVANTAGE_ESTIMATORS, CLIP_RULES, Prepass
-from agentgym.trainers.batch import per_token, sequence_logprobs
+from agentgym.trainers.batch import TokenScores, per_token, sequence_logprobs
 from agentgym.trainers.trl_engine.episodes import EnvEpisodes, PlayedBatch, env_reward
 
 
@@ -45,7 +45,7 @@ class AgentGymGRPOTrainer(GRPOTrainer):
         self.episodes = episodes
         self._scoring: tuple[Tensor, Tensor] | None = None
         """``(allowed [B, C, K], agent [B, C])`` of the rows the next log-prob pass scores."""
-        self._scores: dict[str, Tensor] = {}
+        self._scores: TokenScores | None = None
         self._step_tokens = 1.0
         self._behaviour: Tensor | None = None
         """The sampler's log-probs of the round just played, until TRL asks for old ones."""
@@ -128,15 +128,14 @@ class AgentGymGRPOTrainer(GRPOTrainer):
         mass = bool(self.agentgym_config.command_mass_coef)
         scores = self._masked_scores(model, input_ids, attention_mask, allowed, agent, batch_size, mass)
         self._scores = scores
-        return scores["logp"], scores["entropy"] if compute_entropy else None, None
+        return scores.logp, scores.entropy if compute_entropy else None, None
 
     def _masked_scores(
         self, model: Any, input_ids: Tensor, attention_mask: Tensor, allowed: Tensor, agent: Tensor,
         batch_size: int | None = None, with_command_mass: bool = False,
-    ) -> dict[str, Tensor]:  # fmt: skip
-        """The scores of :func:`sequence_logprobs` (those computed, by field name) of the
-        completion tokens (the last ``agent.shape[1]`` columns), agent tokens only, in chunks
-        of ``batch_size`` rows."""
+    ) -> TokenScores:  # fmt: skip
+        """The scores of :func:`sequence_logprobs` of the completion tokens (the last
+        ``agent.shape[1]`` columns), agent tokens only, in chunks of ``batch_size`` rows."""
         columns = agent.shape[1]
         before = input_ids.shape[1] - columns
         positions = torch.nn.functional.pad(agent.to(input_ids.device), (before, 0)).long()
@@ -154,12 +153,13 @@ class AgentGymGRPOTrainer(GRPOTrainer):
                 allowed=allowed[rows],
                 with_command_mass=with_command_mass,
             )
-            parts.append(scores._asdict())
-        return {
-            name: torch.cat([p[name][:, before:] for p in parts])
-            for name, first in parts[0].items()
-            if first is not None
-        }
+            parts.append(scores)
+        return TokenScores(
+            *(
+                None if first is None else torch.cat([p[i][:, before:] for p in parts])
+                for i, first in enumerate(parts[0])
+            )
+        )
 
     # ----- the loss ---------------------------------------------------------------------
 
@@ -174,10 +174,8 @@ class AgentGymGRPOTrainer(GRPOTrainer):
         loss = super()._compute_loss(model, inputs)
         scores = self._scores
         carries = (inputs["advantages"] != 0).any(dim=1, keepdim=True)
-        unaided = config.forced_end_coef * scores["forced_end_logp"]
-        if "command_logmass" in scores:
-            unaided = unaided + config.command_mass_coef * scores["command_logmass"]
-        ours = -config.entropy_coef * scores["entropy"] - unaided * carries
+        unaided = scores.unaided_logp(config.forced_end_coef, config.command_mass_coef)
+        ours = -config.entropy_coef * scores.entropy - unaided * carries
         # TRL divides its token sum by the generation batch's tokens per optimizer step on
         # average; our learner by this optimizer step's own (ranks' gradients are averaged).
         trl_norm = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
@@ -219,7 +217,7 @@ class AgentGymGRPOTrainer(GRPOTrainer):
                 else:
                     ids = torch.cat([micro["prompt_ids"], micro["completion_ids"]], dim=1)
                     mask = torch.cat([micro["prompt_mask"], micro["completion_mask"]], dim=1)
-                    logp = self._masked_scores(model, ids, mask, micro["allowed"], agent.float())["logp"]
+                    logp = self._masked_scores(model, ids, mask, micro["allowed"], agent.float()).logp
                 advantages = micro["advantages"].expand_as(agent)
                 parts.append((logp[agent], old[agent], advantages[agent]))
         logp, old, advantages = (torch.cat([p[i] for p in parts])[None] for i in range(3))
