@@ -240,6 +240,7 @@ def test_horizon_schedules() -> None:
     assert [FixedHorizon(7).horizon_at(t) for t in (1, 100, 10_000)] == [7, 7, 7]
     schedule = ScalingInterHorizon(rounds=[10, 20, 30], interval=100)
     assert [schedule.horizon_at(t) for t in (1, 100, 101, 200, 201, 10_000)] == [10, 10, 20, 20, 30, 30]
+    assert (FixedHorizon(7).longest, schedule.longest) == (7, 30)
     with pytest.raises(ValueError):
         ScalingInterHorizon(rounds=[], interval=5)
     with pytest.raises(ValueError):

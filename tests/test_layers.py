@@ -249,6 +249,45 @@ def test_no_two_classes_share_a_name() -> None:
     assert {cls: found for cls, found in where.items() if len(found) > 1} == {}
 
 
+NAMED_BY_REGISTRY = {"algo", "schedule", "env"}
+"""Config fields whose values are registry keys (presets, horizon schedules, env folders)."""
+
+
+def name_comparisons(source: str) -> list[str]:
+    """The comparisons in ``source`` of a registry-keyed field (``x.algo``, ``x.schedule``,
+    ``x.env``) with a literal name, or a literal collection of names."""
+
+    def literal(node: ast.expr) -> bool:
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            return all(literal(element) for element in node.elts)
+        return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+    return [
+        ast.unparse(node)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Compare)
+        and any(
+            isinstance(side, ast.Attribute) and side.attr in NAMED_BY_REGISTRY
+            for side in [node.left, *node.comparators]
+        )
+        and any(literal(side) for side in [node.left, *node.comparators])
+    ]
+
+
+def test_the_trainer_never_branches_on_an_algorithm_schedule_or_env_name() -> None:
+    """docs/design.md: the trainer looks names up in a registry, so a new algorithm, schedule
+    or env never edits it."""
+    assert name_comparisons('if config.schedule == "fixed" or run.env in ("webshop",): pass') == [
+        "config.schedule == 'fixed'",
+        "run.env in ('webshop',)",
+    ]
+    trainer = package_folders()["agentgym.trainers"]
+    found = {
+        str(path.relative_to(ROOT)): name_comparisons(path.read_text()) for path in trainer.rglob("*.py")
+    }
+    assert {path: where for path, where in found.items() if where} == {}
+
+
 def test_the_design_page_maps_the_namespace_as_setup_py_does() -> None:
     """docs/design.md's namespace table is setup.py's ``NAMESPACE``, row for row."""
     rows = re.findall(r"^\| `(agentgym[\w.]*)` \| `([\w/]+)/`", (ROOT / "docs/design.md").read_text(), re.M)

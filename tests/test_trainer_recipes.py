@@ -146,6 +146,7 @@ def test_the_kl_reference_is_the_policy_after_behaviour_cloning(
         ("bapo.low_step=-0.02", "must be positive"),
         ("bapo.low_start=0.95", "low_start <= low_max"),
         ("rounds=[4, 2, 6]", "rounds must increase"),
+        ("schedule=linear", "schedule must be one of fixed, scaling-inter"),
         ("loss_aggregation=sum", "loss_aggregation must be one of"),
         ("clip_rule=wide", "clip_rule must be one of"),
         ("action_order=random", "action_order must be one of hashed, listed"),

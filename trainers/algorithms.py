@@ -34,12 +34,13 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from agentgym.trainers.loss_settings import AGGREGATIONS, BapoConfig
+from agentgym.trainers.registry import registering_in
 
 if TYPE_CHECKING:
     from agentgym.records.trajectory import Trajectory
@@ -51,22 +52,8 @@ Advantage = float | list[float]
 AdvantageEstimator = Callable[[Sequence["Trajectory"], Tensor], list[Advantage]]
 """``f(episodes, group_ids [B]) -> one Advantage per episode``: whole episodes go in (per-turn
 rewards and observations), so per-turn estimators such as GiGPO fit the same slot."""
-F = TypeVar("F", bound=Callable[..., Any])
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
 """The ``advantage`` names (:func:`advantage_estimator`, :func:`outcome_estimator`)."""
-
-
-def registering_in(table: dict[str, Any]) -> Callable[[str], Callable[[F], F]]:
-    """A decorator factory: ``@factory(name)`` puts the function it decorates in ``table``."""
-
-    def decorator(name: str) -> Callable[[F], F]:
-        def register(function: F) -> F:
-            table[name] = function
-            return function
-
-        return register
-
-    return decorator
 
 
 advantage_estimator = registering_in(ADVANTAGE_ESTIMATORS)

@@ -21,6 +21,7 @@ from agentgym.policies.dtypes import AUTO
 from agentgym.trainers.config_checks import config_problems
 from agentgym.trainers.loss_settings import BapoConfig, ClipConfig
 from agentgym.trainers.presets import PRESETS
+from agentgym.trainers.schedules import schedule_of
 
 FALLBACKS: dict[str, Any] = {
     "dual_clip": 0.0,
@@ -204,7 +205,7 @@ class TrainConfig:
 
     # ----- horizon schedule ----------------------------------------------------------
     schedule: str = "scaling-inter"
-    """fixed | scaling-inter (ScalingInter-RL)."""
+    """A name in ``schedules.SCHEDULES``: fixed | scaling-inter (ScalingInter-RL)."""
     max_turns: int = 10
     """Fixed schedule: turn limit at every step."""
     rounds: list[int] = field(default_factory=lambda: [4, 6])
@@ -381,7 +382,7 @@ class TrainConfig:
     @property
     def longest_horizon(self) -> int:
         """The schedule's longest turn limit (ScalingInter-RL's last round, or ``max_turns``)."""
-        return max(self.rounds) if self.schedule == "scaling-inter" else self.max_turns
+        return schedule_of(self).longest
 
     @property
     def eval_horizon(self) -> int:

@@ -37,8 +37,6 @@ def registry_problems(advantage: str, clip_rule: str) -> list[str]:
 def config_problems(config: Any) -> list[str]:
     """Every problem with ``config``, each a sentence the CLI prints (exit code 2)."""
     problems = []
-    if config.schedule not in ("fixed", "scaling-inter"):
-        problems.append("schedule must be 'fixed' or 'scaling-inter'")
     problems += reporter_problems(config.report_to)
     if config.curriculum not in ("all", "fits-horizon", "unsolved"):
         problems.append("curriculum must be 'all', 'fits-horizon' or 'unsolved'")

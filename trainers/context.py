@@ -16,7 +16,7 @@ from agentgym.trainers.batch import TokenBatch
 from agentgym.trainers.collector import Collector
 from agentgym.trainers.distributed import DataParallel
 from agentgym.trainers.learner import Learner
-from agentgym.trainers.schedules import FixedHorizon, ScalingInterHorizon
+from agentgym.trainers.schedules import HorizonSchedule
 from agentgym.trainers.services import ExpertDemonstrations, GreedyPlay
 
 
@@ -38,7 +38,7 @@ class TrainingContext:
     validation_tasks: list[str]
     test_tasks: list[str]
     total_steps: int
-    schedule: FixedHorizon | ScalingInterHorizon
+    schedule: HorizonSchedule
     runner: asyncio.Runner
     """The run's one event loop (a vLLM engine stays bound to the loop it started on)."""
     demos: ExpertDemonstrations = field(init=False)

@@ -12,6 +12,7 @@ import typer
 import yaml
 
 from agentgym.trainers.presets import algo_help
+from agentgym.trainers.schedules import SCHEDULES
 
 if TYPE_CHECKING:
     from agentgym.trainers.config import TrainConfig
@@ -25,7 +26,10 @@ commands = typer.Typer()
 def train(
     algo: Annotated[str | None, typer.Option(help=algo_help())] = None,
     schedule: Annotated[
-        str | None, typer.Option(help="fixed | scaling-inter (ScalingInter-RL horizon; the default).")
+        str | None,
+        typer.Option(
+            help=f"{' | '.join(SCHEDULES)} (scaling-inter: ScalingInter-RL's horizon, the default)."
+        ),
     ] = None,
     env: Annotated[str | None, typer.Option(help="Environment (default: textworld).")] = None,
     model: Annotated[str | None, typer.Option(help="Model alias, Hugging Face id or folder.")] = None,
