@@ -215,38 +215,14 @@ def sequence_logprobs(
     if positions is None:
         positions = attention_mask.clone()
         positions[:, 0] = 0
-    where = {"attention_mask": attention_mask} if position_ids is None else {"position_ids": position_ids}
-    # No KV cache: scoring never decodes, and transformers reads packed rows from
-    # position_ids only when the forward has no cache.
-    out = model(
-        input_ids=input_ids,
-        **where,
-        use_cache=False,
-        output_hidden_states=True,
-        logits_to_keep=last_position_only(input_ids),
-    )
     wanted = positions[:, 1:].bool()  # token t is predicted by the hidden state at t-1
-    hidden = out.hidden_states[-1][:, :-1][wanted]  # the final (normed) layer, as lm_head sees it
-    # A data-parallel wrapper (DDP, as accelerate wraps TRL's model) runs the forward but has
-    # no output layer of its own: the head is its module's.
-    wrapped = isinstance(model, torch.nn.parallel.DistributedDataParallel)
-    head = (model.module if wrapped else model).get_output_embeddings()
-    # Under accelerate's mixed precision (TRL's model in bfloat16) the forward's outputs come
-    # back in float32; the head takes its own dtype (an exact cast back).
-    logits = head(hidden.to(head.weight.dtype)).float()
+    logits = head_logits(model, input_ids, attention_mask, position_ids, wanted)
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
     targets = input_ids[:, 1:][wanted][:, None]
     kept = None if allowed is None else vocabulary_mask(allowed[:, 1:][wanted], logits.shape[-1])
-    forced_end = torch.zeros(targets.shape[0], dtype=logits.dtype, device=logits.device)
-    command_mass = torch.zeros_like(forced_end) if with_command_mass else None
+    forced_end, command_mass = unaided_scores(logits, targets, kept, wanted, with_command_mass)
     if kept is not None:
-        ends = (wanted & ~torch.nn.functional.pad(wanted[:, 1:], (0, 1)))[wanted]  # a reply's last token
-        at = ends & (kept.sum(-1) == 1)  # one row each: the free softmax costs next to nothing
-        forced_end[at] = torch.log_softmax(logits[at], dim=-1).gather(-1, targets[at]).squeeze(-1)
-        if command_mass is not None:
-            held = ~kept.all(-1) & ~at
-            command_mass[held] = log_allowed_mass(logits[held], kept[held])
         logits = logits.masked_fill(~kept, float("-inf"))
     logp_all = torch.log_softmax(logits, dim=-1)
     entropy = None
@@ -260,6 +236,54 @@ def sequence_logprobs(
             for row in (picked, entropy, forced_end, command_mass)
         )
     )
+
+
+def head_logits(
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    position_ids: Tensor | None,
+    wanted: Tensor,
+) -> Tensor:
+    """The output layer's float32 logits ([N, V]) at the ``wanted`` ([B, T-1]) positions
+    only: the model's forward stops at the final hidden states."""
+    where = {"attention_mask": attention_mask} if position_ids is None else {"position_ids": position_ids}
+    # No KV cache: scoring never decodes, and transformers reads packed rows from
+    # position_ids only when the forward has no cache.
+    out = model(
+        input_ids=input_ids,
+        **where,
+        use_cache=False,
+        output_hidden_states=True,
+        logits_to_keep=last_position_only(input_ids),
+    )
+    hidden = out.hidden_states[-1][:, :-1][wanted]  # the final (normed) layer, as lm_head sees it
+    # A data-parallel wrapper (DDP, as accelerate wraps TRL's model) runs the forward but has
+    # no output layer of its own: the head is its module's.
+    wrapped = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    head = (model.module if wrapped else model).get_output_embeddings()
+    # Under accelerate's mixed precision (TRL's model in bfloat16) the forward's outputs come
+    # back in float32; the head takes its own dtype (an exact cast back).
+    return head(hidden.to(head.weight.dtype)).float()
+
+
+def unaided_scores(
+    logits: Tensor, targets: Tensor, kept: Tensor | None, wanted: Tensor, with_command_mass: bool
+) -> tuple[Tensor, Tensor | None]:
+    """What the model does without the decoder's mask ([N] each, 0 where not computed): the
+    free log-prob of each forced reply end, and (``with_command_mass``) the free mass on the
+    allowed ids at every other constrained token."""
+    forced_end = torch.zeros(targets.shape[0], dtype=logits.dtype, device=logits.device)
+    command_mass = torch.zeros_like(forced_end) if with_command_mass else None
+    if kept is None:
+        return forced_end, command_mass
+    ends = (wanted & ~torch.nn.functional.pad(wanted[:, 1:], (0, 1)))[wanted]  # a reply's last token
+    at = ends & (kept.sum(-1) == 1)  # one row each: the free softmax costs next to nothing
+    forced_end[at] = torch.log_softmax(logits[at], dim=-1).gather(-1, targets[at]).squeeze(-1)
+    if command_mass is not None:
+        held = ~kept.all(-1) & ~at
+        command_mass[held] = log_allowed_mass(logits[held], kept[held])
+    return forced_end, command_mass
 
 
 def log_allowed_mass(logits: Tensor, kept: Tensor) -> Tensor:
