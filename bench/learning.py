@@ -47,8 +47,8 @@ x seed cluster bootstrap (``trainers/heldout.py``, ``docs/protocol.md``); the pe
 pools every task x seed as independent and is secondary. The table is also written to
 ``--out/<env>/table.txt``, with ``manifest.json`` beside it (``trainers/manifest.py``:
 every run's per-task outcomes too). ``--save bench/results/learning/NAME`` copies what the
-tables read of each run (config, manifest, metrics without per-update lists) for git and
-rebuilds the tables from the copy alone; ``--report-only --out`` that folder prints them
+tables read of each run (config, manifest, metrics without per-update lists) for git, as
+each run finishes, and rebuilds the tables from the copy alone; ``--report-only --out`` that folder prints them
 again. Runs from more than one commit are flagged: such a table is exploratory.
 """
 
@@ -181,6 +181,8 @@ def main() -> None:
             # bc-continued is timed by an RL arm of the same seed: RL arms first.
             for arm in sorted(arms, key=lambda a: a == BC_ARM):
                 train(args.out / args.env, arm, seed, base, shared, arms, own_starts.get(arm))
+                if args.save:  # as each run finishes: a lost run folder loses nothing the tables read
+                    save_results(args.out / args.env, args.save / args.env, [arm], [seed])
     report(args.out / args.env, list(arms), args.seeds, args.reference)
     if args.save:
         save_results(args.out / args.env, args.save / args.env, list(arms), args.seeds)

@@ -4,7 +4,8 @@ panel, and greedy success on the out-of-distribution panel, each reported once p
 configuration; and how often the exported final model ends its replies by itself on the
 run's last validation evaluation (the stop rate a ``forced_end_coef`` is chosen on).
 
-    python bench/pass_at_k.py --out runs/bench-learning --arms bapo+scaling-inter,bc-continued --seeds 0 1 2
+    python bench/pass_at_k.py --out runs/bench-learning --arms bapo+scaling-inter,bc-continued --seeds 0 1 2 \
+        --save bench/results/learning/NAME
     python bench/pass_at_k.py --panels ood-greedy --out runs/bench-learning --arms ... --seeds ...
     python bench/pass_at_k.py --report-only --out bench/results/learning/NAME --arms ... --seeds ...
 
@@ -16,11 +17,12 @@ evaluation resumes there); a stop panel exports the final checkpoint (``agentgym
 and regenerates every reply of the run's last evaluation on its split in plain
 transformers (``bench/stop_check.py``). Each task's outcomes go to
 ``RUN/final-eval/PANEL/outcomes.json`` (task -> one 0/1 per episode, or per reply on a stop
-panel), which is all the tables read: ``bench/learning.py --save`` copies it, so the tables
-rebuild from the repository. Per panel and arm, over task x seed with the protocol's 95%
-interval: a sampled panel's mean@k, pass@4 and pass@k (unbiased, per task), paired per
-task against ``--reference`` on pass@k; a greedy panel's success and a stop panel's stop
-rate, each paired on itself.
+panel), which is all the tables read: ``--save DIR`` copies it there as each run's
+evaluation ends (as ``bench/learning.py --save`` does), so the tables rebuild from the
+repository. Per panel and arm, over task x seed with the protocol's 95% interval: a sampled
+panel's mean@k, pass@4 and pass@k (unbiased, per task), paired per task against
+``--reference`` on pass@k; a greedy panel's success and a stop panel's stop rate, each
+paired on itself.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from learning import BC_ARM, FINAL_EVAL, console, finished, run_dir
+from learning import BC_ARM, FINAL_EVAL, console, finished, run_dir, save_results
 from rich.table import Table
 
 from agentgym.play.evaluation import pass_at_k
@@ -86,6 +88,13 @@ def main() -> None:
     parser.add_argument("--panels", help="comma-separated panels to evaluate (default: all of the env's)")
     parser.add_argument("--reference", default=BC_ARM, help="the arm each arm is paired against")
     parser.add_argument("--report-only", action="store_true", help="print the tables; evaluate nothing")
+    parser.add_argument(
+        "--save",
+        type=Path,
+        metavar="DIR",
+        help="copy each run's outcomes (with what bench/learning.py --save copies) to DIR/ENV/ARM/seed-S "
+        "as soon as its evaluation ends, for bench/results/ in git",
+    )
     args = parser.parse_args()
     if args.k < 4:
         parser.error("--k must be at least 4 (the tables give pass@4)")
@@ -100,6 +109,8 @@ def main() -> None:
             for arm in arms:
                 if finished(folder := run_dir(root, arm, seed)):
                     evaluate(args.env, folder, args.k, chosen)
+                    if args.save:  # a run's hour of evaluation is never only in its run folder
+                        save_results(root, args.save / args.env, [arm], [seed])
     for name, panel in panels.items():
         console.print(pass_table(root, arms, args.seeds, name, panel, args.k, args.reference))
 

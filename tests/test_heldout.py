@@ -287,6 +287,17 @@ def fake_run(folder: Path, bc_steps: int, steps: int, before: dict, after: dict,
         (folder / manifest.MANIFEST_FILE).write_text(json.dumps({"model_sha256": sha}))
 
 
+def finish_run(folder: Path, overrides: dict | None) -> None:
+    """``run_train`` stood in for: a new run (``overrides``) finishes its cloning; a resumed
+    fork finishes its RL step."""
+    if overrides is not None:
+        fake_run(folder, 2, 0, {"a": 1.0}, {"a": 1.0}, sha=None)
+        return
+    record = {"step": 3, "phase": "rl", "success_rate": 1.0, "step_s": 1.0, "eval_outcomes": {"a": 1.0}}
+    with (folder / "metrics.jsonl").open("a") as log:
+        log.write(json.dumps(record) + "\n")
+
+
 def test_the_bench_table_and_manifest_from_saved_runs(tmp_path: Path) -> None:
     bench = load_bench()
     root = tmp_path / "textworld"
@@ -472,6 +483,50 @@ def test_pass_at_k_tables_read_each_runs_final_evaluation(tmp_path: Path, monkey
     assert [column.header for column in stops.columns][2:] == ["stopped", "stopped vs bc-continued (paired)"]
 
 
+def test_each_run_is_saved_for_git_as_soon_as_it_is_evaluated(tmp_path: Path, monkeypatch) -> None:
+    """``bench/pass_at_k.py --save``: a run's outcomes reach the saved copy when its own
+    evaluation ends, so a later run that fails (or a lost machine) leaves them saved."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    bench = load_bench("pass_at_k")
+    runs, saved = tmp_path / "runs", tmp_path / "saved"
+    for seed in (0, 1):
+        fake_run(bench.run_dir(runs / "textworld", "fe-1", seed), 2, 2, {}, {}, sha=None)
+
+    def evaluate(env: str, folder: Path, k: int, panels: dict) -> None:
+        if folder.name == "seed-1":
+            raise RuntimeError("the machine went away")
+        (folder / "final-eval" / "ood").mkdir(parents=True)
+        (folder / "final-eval" / "ood" / "outcomes.json").write_text('{"a": [1, 0]}')
+
+    monkeypatch.setattr(bench, "evaluate", evaluate)
+    argv = ["pass_at_k.py", "--out", str(runs), "--arms", "fe-1", "--seeds", "0", "1", "--save", str(saved)]
+    monkeypatch.setattr("sys.argv", argv)
+    with pytest.raises(RuntimeError):
+        bench.main()
+    copy = bench.run_dir(saved / "textworld", "fe-1", 0)
+    assert json.loads((copy / "final-eval" / "ood" / "outcomes.json").read_text()) == {"a": [1, 0]}
+    assert (copy / "metrics.jsonl").exists() and not bench.run_dir(saved / "textworld", "fe-1", 1).exists()
+
+
+def test_learning_saves_each_run_as_it_finishes(tmp_path: Path, monkeypatch) -> None:
+    """``bench/learning.py --save``: a finished run is copied before the next one trains."""
+    bench = load_bench()
+
+    def fake_train(label: str, folder: Path, overrides: dict | None) -> None:
+        if folder.parent.name == "bc-continued":
+            raise RuntimeError("the machine went away")
+        finish_run(folder, overrides)
+
+    monkeypatch.setattr(bench, "run_train", fake_train)
+    argv = ["learning.py", "--out", str(tmp_path / "runs"), "--save", str(tmp_path / "saved"), "--seeds", "0"]
+    argv += ["--set", "bc_steps=2", "--set", "steps=1", "--arms", f"bapo+scaling-inter,{bench.BC_ARM}"]
+    monkeypatch.setattr("sys.argv", argv)
+    with pytest.raises(RuntimeError):
+        bench.main()
+    copy = bench.run_dir(tmp_path / "saved" / "textworld", "bapo+scaling-inter", 0)
+    assert json.loads((copy / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 3
+
+
 def test_a_fork_starts_without_its_cloned_starts_final_evaluations(tmp_path: Path) -> None:
     """An arm forked from a cloned start that ``pass_at_k.py`` already evaluated carries the
     start's checkpoints and history but not its final-checkpoint outcomes, which would
@@ -495,14 +550,8 @@ def test_a_whole_run_variant_clones_its_own_start(tmp_path: Path, monkeypatch) -
     trained: dict[str, dict | None] = {}
 
     def fake_train(label: str, folder: Path, overrides: dict | None) -> None:
-        """A new run finishes its cloning; a resumed fork finishes its RL steps."""
         trained[f"{folder.parent.name}/{folder.name}"] = overrides
-        if overrides is not None:
-            fake_run(folder, 2, 0, {"a": 1.0}, {"a": 1.0}, sha=None)
-            return
-        record = {"step": 3, "phase": "rl", "success_rate": 1.0, "step_s": 1.0, "eval_outcomes": {"a": 1.0}}
-        with (folder / "metrics.jsonl").open("a") as log:
-            log.write(json.dumps(record) + "\n")
+        finish_run(folder, overrides)
 
     monkeypatch.setattr(bench, "run_train", fake_train)
     argv = ["learning.py", "--out", str(tmp_path), "--seeds", "0", "--set", "bc_steps=2", "--set", "steps=1"]
