@@ -48,8 +48,9 @@ pools every task x seed as independent and is secondary. The table is also writt
 ``--out/<env>/table.txt``, with ``manifest.json`` beside it (``trainers/manifest.py``:
 every run's per-task outcomes too). ``--save bench/results/learning/NAME`` copies what the
 tables read of each run (config, manifest, metrics without per-update lists) for git, as
-each run finishes, and rebuilds the tables from the copy alone; ``--report-only --out`` that folder prints them
-again. Runs from more than one commit are flagged: such a table is exploratory.
+each run finishes, and rebuilds the tables from the copy alone; ``--report-only --out``
+that folder prints them again. Runs from more than one commit are flagged: such a table
+is exploratory.
 """
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ def main() -> None:
             for arm in arms:
                 if finished(folder := run_dir(root, arm, seed)):
                     evaluate(args.env, folder, args.k, chosen)
-                    if args.save:  # a run's hour of evaluation is never only in its run folder
+                    if args.save:  # up to 40 minutes of evaluation never live only in a run folder
                         save_results(root, args.save / args.env, [arm], [seed])
     for name, panel in panels.items():
         console.print(pass_table(root, arms, args.seeds, name, panel, args.k, args.reference))
