@@ -127,6 +127,22 @@ def test_eval_can_play_as_training_does_constrained_to_valid_commands(
         assert trajectory.invalid_turns == 0 and "Valid commands: " in trajectory.messages[1]["content"]
 
 
+def test_a_seeded_sampled_rerun_one_episode_at_a_time_replays_every_token(
+    textworld_url: str, tmp_path: Path
+) -> None:
+    """docs/rollout.md: the same ``--seed`` at ``--concurrency 1`` plays the same episodes at
+    temperature 1, token for token; another seed plays others."""
+    args = ["--n", "2", "--k", "2", "--max-turns", "2", "--temperature", "1", "--concurrency", "1"]
+    args += ["--max-new-tokens", "8", "--constrain-actions", "--url", textworld_url]
+    played = {}
+    for name, seed in (("first", "0"), ("again", "0"), ("other", "1")):
+        run_eval(*args, "--seed", seed, "--out", str(tmp_path / name))
+        trajectories = read_trajectories(tmp_path / name / "trajectories.jsonl")
+        played[name] = {t.key: t.token_ids for t in trajectories}
+    assert len(played["first"]) == 4 and played["again"] == played["first"]
+    assert played["other"] != played["first"]
+
+
 def test_resume_refuses_a_folder_played_with_other_settings(textworld_url: str, tmp_path: Path) -> None:
     """Episodes played with 8 turns are never reported as a 3-turn evaluation; more tasks
     (``--n``) extend the same plan."""
