@@ -9,6 +9,7 @@ turn's choices from the trajectory, scores the same tokens under the same mask.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -207,6 +208,10 @@ def test_an_update_without_any_advantage_reports_no_entropy(tiny_model_dir: Path
     assert figures["skipped_episodes"] == 3 and "entropy" not in figures
     assert [u["advantage_rows"] for u in figures["updates"]] == [0]
     assert "entropy" in update_policy(trainer, forced_end_batch(learner), kl_coef=0.0)
+    # With an entropy term every row runs, so the reading is the policy's and stays.
+    trainer.config = replace(config, entropy_coef=1e-4)
+    figures = update_policy(trainer, forced_end_batch(learner, (0.0, 0.0, 0.0, 0.0)), kl_coef=0.0)
+    assert figures["skipped_episodes"] == 0 and figures["entropy"] > 0
 
 
 def test_command_mass_is_the_free_probability_of_the_allowed_ids_where_the_decoder_chose(

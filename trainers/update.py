@@ -50,17 +50,19 @@ def update_policy(
     ``sampled_now``: the current weights sampled all of ``batch`` (until the first step)."""
     config = run.config
     updates, tokens, skipped = [], 0, 0
+    advantage_only = not kl_coef and not config.entropy_coef
     for index in minibatch_order(len(batch), config, run.version):
         minibatch = run.minibatch(batch.select(index))
-        if not kl_coef and not config.entropy_coef:
+        if advantage_only:
             minibatch, dropped = carrying_gradient(minibatch)
             skipped += dropped
         tokens += int(minibatch.attention_mask.sum())
         update = clipped_update(run, minibatch, kl_coef, on_policy=sampled_now and not updates)
         update["advantage_rows"] = int(carries_advantage(minibatch).sum())
-        if not update["advantage_rows"]:
+        if advantage_only and not update["advantage_rows"]:
             # Only carrying_gradient's stand-in row ran: its entropy says nothing of the policy
-            # (a short, mostly forced reply reads as a collapse to the guard).
+            # (a short, mostly forced reply reads as a collapse to the guard). With a KL or
+            # entropy term every row ran, and the reading is the policy's.
             update.pop("entropy")
         updates.append(update)
     return summarize(updates) | {
