@@ -69,9 +69,13 @@ def test_policy_learns_the_one_turn_task_from_reward_alone(choice_run: Path) -> 
         f"held-out success after {LEARNING_STEPS} steps {last['eval_success_rate']:.2f}"
     )
     assert [r["step"] for r in history] == list(range(1, LEARNING_STEPS + 1))
-    assert first["success_rate"] <= 0.5  # chance level or below before any update
-    assert last["eval_success_rate"] >= (0.9 if algo == "bapo" else 0.75)
-    assert last["eval_success_rate"] > untrained_evaluation(run)["eval_success_rate"]
+    # Before any update, greedy held-out play fails most tasks. Step 1's sampled success is
+    # no such check: its 32 episodes at temperature 1 gave 0.19-0.44 on seeds 0-2
+    # (bench/RESULTS.md) and 0.53 in one CI run.
+    before = untrained_evaluation(run)["eval_success_rate"]
+    assert before <= 0.5
+    assert last["eval_success_rate"] >= (0.9 if algo == "bapo" else 0.75) > before
+    assert last["success_rate"] > first["success_rate"]
     if algo == "bapo":
         updates = [u for r in history for u in r["updates"]]
         assert {u["bapo_search"] for u in updates} <= set(SEARCH_OUTCOMES)
