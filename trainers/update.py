@@ -50,7 +50,7 @@ def update_policy(
     ``sampled_now``: the current weights sampled all of ``batch`` (until the first step)."""
     config = run.config
     updates, tokens, skipped = [], 0, 0
-    advantage_only = only_advantage_rows_count(kl_coef, config.entropy_coef)
+    advantage_only = loss_reads_only_advantage_rows(kl_coef, config.entropy_coef)
     for index in minibatch_order(len(batch), config, run.version):
         minibatch = run.minibatch(batch.select(index))
         if advantage_only:
@@ -101,7 +101,7 @@ def summarize(updates: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
-def only_advantage_rows_count(kl_coef: float, entropy_coef: float) -> bool:
+def loss_reads_only_advantage_rows(kl_coef: float, entropy_coef: float) -> bool:
     """Whether the loss reads only rows with a non-zero advantage: without a KL or entropy
     term a row whose advantage is 0 on every token adds exactly nothing to the loss or its
     gradient (docs/algorithms/grpo.md, "The loss"). Our learner and the TRL plug-in both

@@ -30,7 +30,7 @@ from agentgym.policies.chat import stop_token_ids
 from agentgym.trainers.algorithms import ADVANTAGE_ESTIMATORS, CLIP_RULES, Prepass
 from agentgym.trainers.batch import TokenScores, per_token, sequence_logprobs
 from agentgym.trainers.trl_engine.episodes import EnvEpisodes, PlayedBatch, env_reward
-from agentgym.trainers.update import only_advantage_rows_count
+from agentgym.trainers.update import loss_reads_only_advantage_rows
 
 
 class AgentGymGRPOTrainer(GRPOTrainer):
@@ -168,7 +168,7 @@ class AgentGymGRPOTrainer(GRPOTrainer):
         if self._step % self.current_gradient_accumulation_steps == 0:  # an optimizer step's first
             self._set_bounds(model)
         config = self.agentgym_config
-        if only_advantage_rows_count(self.beta, config.entropy_coef):
+        if loss_reads_only_advantage_rows(self.beta, config.entropy_coef):
             inputs = carrying_rows(inputs)
         agent = inputs["completion_mask"] * inputs.get("tool_mask", 1)
         self._scoring = (inputs["allowed"], agent)
