@@ -58,7 +58,7 @@ def update_policy(
             skipped += dropped
         tokens += int(minibatch.attention_mask.sum())
         update = clipped_update(run, minibatch, kl_coef, on_policy=sampled_now and not updates)
-        update["advantage_rows"] = int(carries_advantage(minibatch).sum())
+        update["advantage_rows"] = int(carries_advantage(minibatch.advantages).sum())
         if advantage_only and not update["advantage_rows"]:
             # Only carrying_gradient's stand-in row ran: its entropy says nothing of the policy
             # (a short, mostly forced reply reads as a collapse to the guard). With a KL or
@@ -116,17 +116,17 @@ def carrying_gradient(minibatch: TokenBatch) -> tuple[TokenBatch, int]:
     this), so it is not run forward and backward: on a CPU that halves steps where whole
     groups agree. When no row carries gradient one stays, so the optimizer steps as it
     would have (Adam's momentum still moves the weights)."""
-    carries = carries_advantage(minibatch).squeeze(1)
+    carries = carries_advantage(minibatch.advantages).squeeze(1)
     if not carries.any():
         carries[minibatch.by_length()[0]] = True
     kept = carries.nonzero().squeeze(1)
     return minibatch.select(kept), len(minibatch) - len(kept)
 
 
-def carries_advantage(batch: TokenBatch) -> torch.Tensor:
+def carries_advantage(advantages: torch.Tensor) -> torch.Tensor:
     """``[B, 1]`` bool: the rows whose advantage is non-zero on some token. Zero-advantage
     rows carry only the KL and entropy terms (docs/algorithms/grpo.md, "The loss")."""
-    return (batch.advantages != 0).any(dim=1, keepdim=True)
+    return (advantages != 0).any(dim=1, keepdim=True)
 
 
 def clipped_update(
@@ -160,7 +160,7 @@ def clipped_update(
         # on the episodes the surrogate trains (a non-zero advantage), under every algorithm,
         # so leaving the others out (`carrying_gradient`) never changes the loss.
         unaided = scores.unaided_logp(config.forced_end_coef, config.command_mass_coef)
-        loss = loss - config.entropy_coef * entropy - unaided * carries_advantage(micro)
+        loss = loss - config.entropy_coef * entropy - unaided * carries_advantage(micro.advantages)
         kl_ref = kl_k3(logp, learner.reference_logprobs(micro)) if kl_coef else torch.zeros_like(logp)
         loss = loss + kl_coef * kl_ref
         with torch.no_grad():

@@ -30,7 +30,7 @@ from agentgym.policies.chat import stop_token_ids
 from agentgym.trainers.algorithms import ADVANTAGE_ESTIMATORS, CLIP_RULES, Prepass
 from agentgym.trainers.batch import TokenScores, per_token, sequence_logprobs
 from agentgym.trainers.trl_engine.episodes import EnvEpisodes, PlayedBatch, env_reward
-from agentgym.trainers.update import loss_reads_only_advantage_rows
+from agentgym.trainers.update import carries_advantage, loss_reads_only_advantage_rows
 
 
 class AgentGymGRPOTrainer(GRPOTrainer):
@@ -174,7 +174,7 @@ class AgentGymGRPOTrainer(GRPOTrainer):
         self._scoring = (inputs["allowed"], agent)
         loss = super()._compute_loss(model, inputs)
         scores = self._scores
-        carries = (inputs["advantages"] != 0).any(dim=1, keepdim=True)
+        carries = carries_advantage(inputs["advantages"])
         unaided = scores.unaided_logp(config.forced_end_coef, config.command_mass_coef)
         ours = -config.entropy_coef * scores.entropy - unaided * carries
         # TRL divides its token sum by the generation batch's tokens per optimizer step on
@@ -247,7 +247,7 @@ def carrying_rows(inputs: dict[str, Any]) -> dict[str, Any]:
     nothing to the loss or its gradient (their tokens still count in the normaliser, fixed
     on the whole optimizer step), so they are not run. When none carries, the shortest row
     runs alone, so every rank still takes its backward pass."""
-    carries = (inputs["advantages"] != 0).any(dim=1)
+    carries = carries_advantage(inputs["advantages"]).squeeze(1)
     if carries.all():
         return inputs
     if not carries.any():
