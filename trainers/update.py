@@ -116,11 +116,17 @@ def carrying_gradient(minibatch: TokenBatch) -> tuple[TokenBatch, int]:
     this), so it is not run forward and backward: on a CPU that halves steps where whole
     groups agree. When no row carries gradient one stays, so the optimizer steps as it
     would have (Adam's momentum still moves the weights)."""
-    carries = carries_advantage(minibatch.advantages).squeeze(1)
-    if not carries.any():
-        carries[minibatch.by_length()[0]] = True
-    kept = carries.nonzero().squeeze(1)
+    kept = rows_to_run(minibatch.advantages, minibatch.attention_mask.sum(-1)).nonzero().squeeze(1)
     return minibatch.select(kept), len(minibatch) - len(kept)
+
+
+def rows_to_run(advantages: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """``[B]`` bool: the rows that carry an advantage or, when none does, the shortest row
+    alone, so that every rank still runs a backward pass and the optimizer steps."""
+    carries = carries_advantage(advantages).squeeze(1)
+    if not carries.any():
+        carries[lengths.argmin()] = True
+    return carries
 
 
 def carries_advantage(advantages: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,7 @@ from agentgym.policies.chat import stop_token_ids
 from agentgym.trainers.algorithms import ADVANTAGE_ESTIMATORS, CLIP_RULES, Prepass
 from agentgym.trainers.batch import TokenScores, per_token, sequence_logprobs
 from agentgym.trainers.trl_engine.episodes import EnvEpisodes, PlayedBatch, env_reward
-from agentgym.trainers.update import carries_advantage, loss_reads_only_advantage_rows
+from agentgym.trainers.update import carries_advantage, loss_reads_only_advantage_rows, rows_to_run
 
 
 class AgentGymGRPOTrainer(GRPOTrainer):
@@ -243,16 +243,13 @@ def widened(tensor: Tensor, columns: int) -> Tensor:
 
 def carrying_rows(inputs: dict[str, Any]) -> dict[str, Any]:
     """A micro-batch's rows whose advantage is non-zero somewhere, our learner's rule
-    (``update.carrying_gradient``): without KL or entropy terms the others add exactly
-    nothing to the loss or its gradient (their tokens still count in the normaliser, fixed
-    on the whole optimizer step), so they are not run. When none carries, the shortest row
-    runs alone, so every rank still takes its backward pass."""
-    carries = carries_advantage(inputs["advantages"]).squeeze(1)
+    (``update.rows_to_run``): without KL or entropy terms the others add exactly nothing
+    to the loss or its gradient (their tokens still count in the normaliser, fixed on the
+    whole optimizer step), so they are not run."""
+    agent_tokens = (inputs["completion_mask"] * inputs.get("tool_mask", 1)).sum(-1)
+    carries = rows_to_run(inputs["advantages"], agent_tokens)
     if carries.all():
         return inputs
-    if not carries.any():
-        agent = inputs["completion_mask"] * inputs.get("tool_mask", 1)
-        carries[agent.sum(-1).argmin()] = True
     rows = len(carries)
     return {
         k: v[carries] if isinstance(v, Tensor) and v.dim() and v.shape[0] == rows else v
