@@ -461,9 +461,10 @@ def bench_manifest(root: Path, arms: list[str], seeds: list[int]) -> dict[str, A
     return built | runs_in_common(folders)
 
 
-RUN_FIELDS = ("git_commit", "torch", "transformers", "python")
+RUN_FIELDS = ("git_commit", "torch", "transformers", "python", "dtype", "machine")
 """What made the figures, read from the runs' own manifests: a table rebuilt later (from
-the repository, another checkout) names the runs' commit and libraries, not its own."""
+the repository, another checkout) names the runs' commit, libraries, dtype and machine,
+not its own."""
 
 
 def runs_in_common(folders: list[Path]) -> dict[str, Any]:
@@ -474,8 +475,8 @@ def runs_in_common(folders: list[Path]) -> dict[str, Any]:
         return {}
     common = {}
     for field in RUN_FIELDS:
-        values = {run.get(field) for run in runs}
-        common[field] = values.pop() if len(values) == 1 else None
+        values = {json.dumps(run.get(field), sort_keys=True) for run in runs}
+        common[field] = json.loads(values.pop()) if len(values) == 1 else None
     return common
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import re
 import shutil
 import sys
@@ -19,6 +20,7 @@ import pytest
 import yaml
 
 from agentgym.contract import cache
+from agentgym.policies.dtypes import native_bf16_cpu
 from agentgym.policies.models import ModelSource
 from agentgym.trainers import heldout, manifest
 from agentgym.trainers.config import TrainConfig
@@ -223,8 +225,14 @@ def test_a_manifest_holds_every_field(tmp_path: Path, monkeypatch: pytest.Monkey
         model_sha256=manifest.model_sha256(model),
         generator="hf",
         config={"lr": 1e-3},
+        dtype="bfloat16",
     )
     assert set(record) == set(manifest.FIELDS)
+    # The machine that ran it: `dtype: auto` and the speed both depend on its CPU.
+    features = record["machine"]["cpu_features"]
+    assert record["dtype"] == "bfloat16" and record["machine"]["cores"] == os.cpu_count()
+    assert set(features) <= set(manifest.CPU_FEATURES)
+    assert bool({"avx512_bf16", "amx_bf16"} & set(features)) == native_bf16_cpu()
     assert record["tasks"] == ["b", "a"] and record["seeds"] == [0, 1] and record["config"] == {"lr": 1e-3}
     # The same hash `agentgym eval` records for this model folder.
     assert record["model_sha256"] == ModelSource("x", str(model)).describe()["sha256"]
@@ -395,7 +403,12 @@ def test_the_tables_rebuild_from_the_saved_copy_alone_and_mixed_commits_are_flag
             records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
             records[-1]["updates"] = [{"loss": 1.0}] * 50  # per-update lists: the copy leaves them out
             (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-            (folder / manifest.MANIFEST_FILE).write_text(json.dumps({"git_commit": "c0ffee" * 7}))
+            run_manifest = {
+                "git_commit": "c0ffee" * 7,
+                "dtype": "float32",
+                "machine": {"cpu": "x", "cores": 2},
+            }
+            (folder / manifest.MANIFEST_FILE).write_text(json.dumps(run_manifest))
             (folder / "final-eval" / "ood").mkdir(parents=True)  # bench/pass_at_k.py's, and its trajectories
             (folder / "final-eval" / "ood" / "outcomes.json").write_text('{"a": [1, 0]}')
             (folder / "final-eval" / "ood" / "trajectories.jsonl").write_text("{}\n")
@@ -429,10 +442,12 @@ def test_the_tables_rebuild_from_the_saved_copy_alone_and_mixed_commits_are_flag
     rebuilt = json.loads((saved / "textworld" / manifest.MANIFEST_FILE).read_text())
     assert rebuilt["outcomes"]["bapo+scaling-inter/seed-1"]["test"]["4"] == run_with_gain(2, 4)[1]
     assert rebuilt["git_commit"] == "c0ffee" * 7  # the runs' commit, not the rebuilding checkout's
+    assert rebuilt["dtype"] == "float32" and rebuilt["machine"] == {"cpu": "x", "cores": 2}  # the runs' too
     (copy / manifest.MANIFEST_FILE).write_text(json.dumps({"git_commit": "beef" * 10}))
     bench.main()
     assert "2 commits" in (saved / "textworld" / bench.TABLE_FILE).read_text()
-    assert json.loads((saved / "textworld" / manifest.MANIFEST_FILE).read_text())["git_commit"] is None
+    rebuilt = json.loads((saved / "textworld" / manifest.MANIFEST_FILE).read_text())
+    assert rebuilt["git_commit"] is None and rebuilt["machine"] is None  # runs disagree
 
 
 def test_pass_at_k_tables_read_each_runs_final_evaluation(tmp_path: Path, monkeypatch) -> None:

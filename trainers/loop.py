@@ -220,7 +220,9 @@ class Trainer:
     def _write_manifest(self, tasks: list[str], outcomes: dict[str, Any]) -> None:
         """``manifest.json`` in the run folder (``trainers/manifest.py``); never fails the run."""
         try:
-            source = getattr(getattr(self.learner, "policy", None), "source", None)
+            policy = getattr(self.learner, "policy", None)
+            source = getattr(policy, "source", None)
+            model = getattr(policy, "model", None)
             record = manifest.build_manifest(
                 tasks=tasks,
                 seeds=[self.config.seed],
@@ -228,6 +230,7 @@ class Trainer:
                 generator=self.config.generator,
                 config=self.config.to_dict(),
                 outcomes=outcomes,
+                dtype=dtype_name(model.dtype) if model is not None else None,
             )
             manifest.write_manifest(self.run_dir.path, record)
         except Exception as exc:

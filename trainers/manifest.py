@@ -3,7 +3,8 @@
 The trainer writes one into the run folder beside ``heldout.json`` at the end of a run;
 ``bench/learning.py`` writes one beside its table. Fields (:data:`FIELDS`): the test task
 ids, the seeds, the git commit of this code (None outside a git checkout), the model's
-sha256, the generator, the torch, transformers and Python versions, the config as the
+sha256, the generator, the torch, transformers and Python versions, the dtype trained
+in, the machine (:func:`machine`: CPU and its vector units, cores, GPU), the config as the
 trainer saves it, and the per-task outcomes of every held-out evaluation. Nothing here may fail a run: what cannot be found is None.
 
 The model's sha256 is the one ``agentgym eval`` records in ``results.json``
@@ -16,7 +17,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import platform
+import re
 import subprocess
 from collections.abc import Iterable, Mapping
 from importlib import metadata
@@ -37,6 +40,8 @@ FIELDS = (
     "torch",
     "transformers",
     "python",
+    "dtype",
+    "machine",
     "config",
     "outcomes",
 )
@@ -54,11 +59,13 @@ def build_manifest(
     generator: str | None,
     config: Mapping[str, Any] | None,
     outcomes: Mapping[str, Any] | None = None,
+    dtype: str | None = None,
 ) -> dict[str, Any]:
     """A manifest with every key of :data:`FIELDS`; the code's commit and the library
     versions are looked up here. ``outcomes``: each held-out evaluation's per-task outcomes
     (a run's: panel -> step -> task -> 1/0, :func:`~agentgym.trainers.heldout.evaluations`),
-    so a table can be recomputed from manifests alone."""
+    so a table can be recomputed from manifests alone. ``dtype``: the one trained in
+    (``auto`` resolves by machine, :mod:`agentgym.policies.dtypes`)."""
     return {
         "tasks": list(tasks),
         "seeds": list(seeds),
@@ -68,9 +75,46 @@ def build_manifest(
         "torch": package_version("torch"),
         "transformers": package_version("transformers"),
         "python": platform.python_version(),
+        "dtype": dtype,
+        "machine": machine(),
         "config": dict(config) if config is not None else None,
         "outcomes": dict(outcomes) if outcomes is not None else None,
     }
+
+
+CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+"""The CPU flags that change a run's speed and its default dtype."""
+
+
+def machine() -> dict[str, Any]:
+    """What ran this: the CPU (Linux's name, family and model: one name covers several
+    generations), which of :data:`CPU_FEATURES` it has, the cores, and the GPU (None)."""
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        cpuinfo = ""
+
+    def first(key: str) -> str | None:
+        found = re.search(rf"^{key}\s*:\s*(.*)$", cpuinfo, re.MULTILINE)
+        return found.group(1).strip() if found else None
+
+    flags = set((first("flags") or "").split())
+    return {
+        "cpu": first("model name") or platform.processor() or None,
+        "cpu_family_model": f"{first('cpu family')}/{first('model')}" if first("cpu family") else None,
+        "cpu_features": [feature for feature in CPU_FEATURES if feature in flags],
+        "cores": os.cpu_count(),
+        "gpu": _gpu_name(),
+    }
+
+
+def _gpu_name() -> str | None:
+    try:
+        import torch
+
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except Exception:  # nothing here may fail a run
+        return None
 
 
 def write_manifest(folder: Path, manifest: Mapping[str, Any]) -> Path:

@@ -132,6 +132,7 @@ class RunFolder(TrainerCallback):
             generator="hf",
             config=self.config.to_dict() | {"engine": "trl"},
             outcomes=heldout.evaluations(records),
+            dtype=dtype_name(self.trainer.accelerator.unwrap_model(self.trainer.model).dtype),
         )
         manifest.write_manifest(self.run_dir.path, record)
 
