@@ -77,7 +77,8 @@ class SciWorldEnv(TextEnv):
         gold_path: give ``expert_action`` the task's gold path (default): the shipped one
             (:mod:`~agentgym.envs.sciworld.gold`), or searched at load; ``False``: no expert.
         max_turns: turn limit (default 100, ScienceWorld's usual step limit).
-        heap_mb, max_jvms, spare_jvms, max_idle_jvms, recycle_after, call_timeout_s:
+        heap_mb, max_jvms, spare_jvms, max_idle_jvms, recycle_after, call_timeout_s,
+        start_timeout_s:
             the JVM pool (see :class:`~agentgym.envs.sciworld.jvm.JvmSettings`;
             ``max_jvms=None`` sizes the limit to the machine's free memory).
     """
@@ -110,6 +111,7 @@ class SciWorldEnv(TextEnv):
         max_idle_jvms: int = JvmSettings.max_idle,
         recycle_after: int = JvmSettings.recycle_after,
         call_timeout_s: float = JvmSettings.call_timeout_s,
+        start_timeout_s: float = JvmSettings.start_timeout_s,
     ) -> None:
         super().__init__(max_turns=max_turns)
         self._types = resolve_types(task_types)
@@ -123,6 +125,7 @@ class SciWorldEnv(TextEnv):
             max_idle=max_idle_jvms,
             recycle_after=recycle_after,
             call_timeout_s=call_timeout_s,
+            start_timeout_s=start_timeout_s,
         )
         self.pool: JvmPool = jvm_pool(settings)
         self._jvm: Jvm | None = None

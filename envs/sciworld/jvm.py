@@ -101,6 +101,12 @@ class JvmSettings:
     own call and session; past the deadline the engine worker, with every session on it,
     would be killed unless :meth:`SciWorldEnv.abort` frees the call first."""
 
+    start_timeout_s: float = 120.0
+    """Longest wait for a new JVM's simulator to come up, and for a spare's warm-up episode:
+    a start loads the engine's classes and data, 1-2 s alone but far beyond
+    ``call_timeout_s`` when several JVMs start on two busy cores (CI saw a constructor
+    time out at 15 s). Below the servers' 600 s reset deadline (a create may start one)."""
+
     def java_options(self) -> list[str]:
         return [f"-Xmx{self.heap_mb}m", "-XX:+UseSerialGC"]
 
@@ -116,7 +122,7 @@ class Jvm:
             cwd=BASEPATH,
             return_proc=True,
         )
-        parameters = GatewayParameters(port=port, auto_field=True, read_timeout=settings.call_timeout_s)
+        parameters = GatewayParameters(port=port, auto_field=True, read_timeout=settings.start_timeout_s)
         self.gateway = JavaGateway(gateway_parameters=parameters, java_process=self.process)
         self.episodes = 0
         """Episodes loaded on this JVM (counted by the environment)."""
@@ -129,6 +135,13 @@ class Jvm:
     @property
     def pid(self) -> int:
         return self.process.pid
+
+    def limit_calls(self, seconds: float) -> None:
+        """Fail any later call that takes longer than ``seconds``: once started (and warmed),
+        a call this slow is a hung engine. py4j sets a connection's timeout when it opens
+        it, so the connections opened so far are closed."""
+        self.gateway.gateway_parameters.read_timeout = seconds
+        self.gateway._gateway_client.close()
 
     def warm(self) -> None:
         """Play a short episode so the first real one does not pay the simulator's class
@@ -301,19 +314,26 @@ class JvmPool:
             )
         self._starting += 1
 
-    def _start(self) -> Jvm:
-        """Start one JVM for a reserved start; the caller moves it out of ``_starting``
-        (in one locked step, so ``live`` never dips and lets another start overshoot)."""
+    def _start(self, *, warm: bool = False) -> Jvm:
+        """Start one JVM for a reserved start (``warm``: and play its warm-up episode); the
+        caller moves it out of ``_starting`` (in one locked step, so ``live`` never dips and
+        lets another start overshoot). A failed start drops the reservation."""
+        jvm = None
         try:
             with self._start_slots:
                 jvm = Jvm(self.settings)
+            with self._lock:
+                self.started += 1
+            if warm:
+                jvm.warm()
         except Exception as exc:
             log.exception("starting a ScienceWorld JVM failed")
+            if jvm is not None:
+                jvm.close()
             with self._lock:
                 self._starting -= 1
             raise EngineError(f"could not start a ScienceWorld JVM: {exc}") from exc
-        with self._lock:
-            self.started += 1
+        jvm.limit_calls(self.settings.call_timeout_s)
         return jvm
 
     def _start_spare(self) -> None:
@@ -324,21 +344,15 @@ class JvmPool:
                 self._lock.notify_all()
                 return
         try:
-            jvm = self._start()
+            jvm = self._start(warm=True)
         except EngineError:
             with self._lock:
                 self._lock.notify_all()
             return  # logged in _start; the next acquire starts its own
-        try:
-            jvm.warm()
-            usable = True
-        except Exception:
-            log.exception("a new ScienceWorld JVM failed its warm-up episode")
-            usable = False
         with self._lock:
             self._starting -= 1
             self._lock.notify_all()
-            if usable and not self._closed:
+            if not self._closed:
                 self._idle.append(jvm)
                 return
         jvm.close()
