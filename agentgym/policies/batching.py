@@ -56,7 +56,7 @@ from agentgym.policies.live_batch import (
     stamp,
     started,
 )
-from agentgym.policies.prefix_cache import CachedPrefix, PrefixCache
+from agentgym.policies.prefix_cache import CachedPrefix, PrefixCache, free_memory
 from agentgym.policies.sampling import draw_keys, sample_next
 from agentgym.policies.slots import SlotCache
 
@@ -116,6 +116,8 @@ class ContinuousBatcher:
         prefix_cache: encoded sequences kept for reuse by later prompts that start with
             them; default ``4 × max_batch_size`` (every live episode's last turn and
             more); 0 turns reuse off.
+        prefix_cache_bytes: their keys and values at most, in bytes; default a quarter of
+            the memory free on the model's device when the batcher is made.
         cuda_graphs: replay decode steps as CUDA graphs on a CUDA device (default: yes);
             a capture that fails falls back to eager steps.
     """
@@ -129,6 +131,7 @@ class ContinuousBatcher:
         batch_wait_s: float = 0.005,
         max_positions: int | None = None,
         prefix_cache: int | None = None,
+        prefix_cache_bytes: int | None = None,
         cuda_graphs: bool = True,
     ) -> None:
         if max_batch_size < 1:
@@ -141,7 +144,10 @@ class ContinuousBatcher:
         self.max_positions = max_positions
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop_ids)
         self.stats = BatcherStats()
-        self.prefixes = PrefixCache(4 * max_batch_size if prefix_cache is None else prefix_cache)
+        self.prefixes = PrefixCache(
+            4 * max_batch_size if prefix_cache is None else prefix_cache,
+            max_bytes=free_memory(self.device) // 4 if prefix_cache_bytes is None else prefix_cache_bytes,
+        )
         self.cuda_graphs = cuda_graphs
         self.slots: SlotCache | None = None
         """The live rows' keys and values, made at the first prefill of a slottable model."""

@@ -10,6 +10,12 @@ encodes the tokens after its longest cached prefix.
 Entries remember the weights version that computed them and are dropped when the weights
 change, so a reused prefix is exactly what a fresh prefill would compute (up to float
 rounding), and every recorded log-prob stays exact for its version.
+
+Memory is bounded in bytes as well as entries: an entry costs ~46 kB a token for
+SmolLM2-135M in fp32, so 128 entries of a textworld evaluation's 1-2k-token conversations
+held ~12 GB (an ``agentgym eval`` at concurrency 32 reached 13.6 GB resident). An entry that
+is a prefix of a newer one (the same episode's earlier turn, a group's shared first prompt)
+is dropped when the newer one arrives: any prompt matches the newer one at least as far.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+import psutil
 import torch
 
 MIN_REUSE_TOKENS = 16
@@ -36,24 +43,39 @@ class CachedPrefix:
         differs = (self.ids[:n] != ids[:n]).nonzero()
         return int(differs[0]) if len(differs) else n
 
+    @property
+    def nbytes(self) -> int:
+        return sum(keys.nbytes + values.nbytes for keys, values in self.layers)
+
+    def is_prefix_of(self, ids: torch.Tensor) -> bool:
+        return len(self.ids) <= len(ids) and bool(torch.equal(self.ids, ids[: len(self.ids)]))
+
     def head(self, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Keys and values of the first ``length`` tokens."""
         return [(k[:, :, :length], v[:, :, :length]) for k, v in self.layers]
 
 
 class PrefixCache:
-    """The ``capacity`` most recently used prefixes, valid for one weights version.
+    """The most recently used prefixes, at most ``capacity`` of them and ``max_bytes`` of
+    keys and values in all, valid for one weights version.
 
     Args:
-        capacity: entries kept; 0 turns reuse off. Each entry costs
-            ``2 × layers × kv_heads × head_dim × tokens`` numbers (about 46 kB per token
-            for SmolLM2-135M in fp32).
+        capacity: entries kept; 0 turns reuse off.
+        max_bytes: keys and values kept at most, in bytes; the least recently used
+            entries go first. Each entry costs ``2 × layers × kv_heads × head_dim × tokens``
+            numbers (about 46 kB per token for SmolLM2-135M in fp32).
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, max_bytes: int) -> None:
         self.capacity = capacity
+        self.max_bytes = max_bytes
         self.version: int | None = None
+        self.nbytes = 0
+        """Bytes of keys and values held now."""
         self._entries: OrderedDict[int, CachedPrefix] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
     def longest(self, prompt_ids: list[int], version: int) -> tuple[int, CachedPrefix | None]:
         """The longest cached prefix of ``prompt_ids`` under weights ``version``, leaving at
@@ -76,13 +98,28 @@ class PrefixCache:
         if self.capacity < 1 or len(ids) < MIN_REUSE_TOKENS:
             return
         self._expire(version)
-        key = hash(tuple(ids))
-        self._entries.pop(key, None)
-        self._entries[key] = CachedPrefix(torch.tensor(ids), layers)
-        while len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
+        entry = CachedPrefix(torch.tensor(ids), layers)
+        if entry.nbytes > self.max_bytes:
+            return
+        for key in [key for key, old in self._entries.items() if old.is_prefix_of(entry.ids)]:
+            self._drop(key)
+        self._entries[hash(tuple(ids))] = entry
+        self.nbytes += entry.nbytes
+        while len(self._entries) > self.capacity or self.nbytes > self.max_bytes:
+            self._drop(next(iter(self._entries)))
+
+    def _drop(self, key: int) -> None:
+        self.nbytes -= self._entries.pop(key).nbytes
 
     def _expire(self, version: int) -> None:
         if version != self.version:
             self._entries.clear()
+            self.nbytes = 0
             self.version = version
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes free now on ``device``: the GPU's free memory, or the host's available memory."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return psutil.virtual_memory().available
